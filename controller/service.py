@@ -1,0 +1,179 @@
+"""The controller process: election, registration, and the leader's reconcile loop.
+
+Every controller registers itself under ``controllers/{id}`` (on its lease) and
+campaigns. The one that wins runs :meth:`Controller.reconcile` until it loses
+its lease or is fenced out; the others keep campaigning and serve read-only
+status. Nothing lives only in memory: a new leader rebuilds everything from etcd.
+
+The RL job itself is driven through a :class:`JobDriver` given by the caller
+(``resilient_rl`` implements it), so this module imports neither torch nor Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any, Protocol
+
+from . import jobs, keys
+from .election import Election, NotLeader
+from .events import EventLog
+from .store import EtcdError, KeptLease, Put, Store
+
+log = logging.getLogger(__name__)
+
+
+class JobDriver(Protocol):
+    """What the leader needs to run one job; implemented by ``resilient_rl``.
+
+    ``reconcile`` is called repeatedly by the leader with the job's current
+    record; it does a bounded amount of work and returns the state fields to
+    write (or None for no change). ``stop`` releases what the driver holds
+    (called when leadership is lost or the job ends).
+    """
+
+    def reconcile(self, record: jobs.JobRecord) -> dict[str, Any] | None: ...
+
+    def stop(self) -> None: ...
+
+
+class Controller:
+    """One controller process (leader or standby)."""
+
+    def __init__(
+        self,
+        store: Store,
+        cid: str | None = None,
+        *,
+        ttl: int = 5,
+        driver_factory: Any = None,
+        info: dict[str, Any] | None = None,
+        interval: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.id = keys.check_name(cid or f"{socket.gethostname()}-{os.getpid()}", "controller id")
+        self.election = Election(store, self.id, ttl=ttl)
+        self.driver_factory = driver_factory
+        self.info = {"id": self.id, "pid": os.getpid(), "node": socket.gethostname(), **(info or {})}
+        self.interval = interval
+        self.drivers: dict[str, JobDriver] = {}
+        self._events: dict[str, EventLog] = {}
+        self._stop = threading.Event()
+        self._lease: KeptLease | None = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def run(self) -> None:
+        """Campaign and lead until :meth:`stop`. Survives etcd outages."""
+        while not self._stop.is_set():
+            try:
+                self._register(role="standby")
+                if not self.election.campaign():
+                    break
+                self._register(role="leader")
+                self._lead()
+            except EtcdError as e:
+                log.warning("controller %s: etcd error: %s; retrying", self.id, e)
+                self._stop.wait(1.0)
+        self._release()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.election.stop()
+
+    def _register(self, role: str) -> None:
+        if self._lease is None or self._lease.lost:
+            self._lease = self.store.keep_lease(self.election.ttl)
+        value = {**self.info, "role": role, "since": time.time()}
+        self.store.put(keys.controller(self.id), json.dumps(value), lease=self._lease.id)
+
+    def _release(self) -> None:
+        for d in self.drivers.values():
+            d.stop()
+        self.drivers.clear()
+        if self._lease is not None:
+            self._lease.revoke()
+
+    # -- leading -------------------------------------------------------------
+
+    def _lead(self) -> None:
+        log.info("controller %s leads (token %d)", self.id, self.election.token)
+        self._events.clear()
+        first = True
+        try:
+            while not self._stop.is_set() and self.election.is_leader:
+                for rec in jobs.list_all(self.store):
+                    self.reconcile(rec, leader_changed=first)
+                first = False
+                self._stop.wait(self.interval)
+        except NotLeader as e:
+            log.warning("controller %s: %s", self.id, e)
+        finally:
+            # whoever leads next re-adopts the jobs; our drivers must not act any more
+            for d in self.drivers.values():
+                d.stop()
+            self.drivers.clear()
+        if not self._stop.is_set():
+            log.warning("controller %s is no longer leader", self.id)
+
+    def event(self, job: str, kind: str, message: str, **data: Any) -> None:
+        log_ = self._events.setdefault(job, EventLog(self.election, job))
+        log_.append(kind, message, **data)
+
+    def write_state(self, job: str, state: dict[str, Any]) -> None:
+        """Fenced write of a job's state (raises NotLeader when fenced out)."""
+        self.election.fenced_txn(success=[Put(keys.state(job), json.dumps(state))])
+
+    def reconcile(self, rec: jobs.JobRecord, *, leader_changed: bool = False) -> None:
+        """Move one job toward its desired state (one bounded pass)."""
+        if rec.phase in jobs.TERMINAL:
+            self._drop_driver(rec.id)
+            return
+        if not rec.state:
+            state = {
+                "phase": "PENDING",
+                "step": 0,
+                "policy_version": 0,
+                "trainer_epoch": 0,
+                "checkpoint": None,
+            }
+            self.write_state(rec.id, state)
+            self.event(rec.id, "submitted", f"job {rec.id} accepted by controller {self.id}")
+            rec.state = state
+        elif leader_changed:
+            self.event(rec.id, "leader", f"controller {self.id} took over as leader", token=self.election.token)
+        if rec.desired.get("cancel"):
+            self._drop_driver(rec.id)
+            self.write_state(rec.id, {**rec.state, "phase": "CANCELLED", "reason": "cancelled by user"})
+            self.event(rec.id, "cancelled", "job cancelled by user")
+            return
+        if self.driver_factory is None:
+            return
+        driver = self.drivers.get(rec.id)
+        if driver is None:
+            driver = self.drivers[rec.id] = self.driver_factory(self, rec)
+        update = driver.reconcile(rec)
+        if update:
+            self.write_state(rec.id, {**rec.state, **update})
+            if update.get("phase") in jobs.TERMINAL:
+                self._drop_driver(rec.id)
+
+    def _drop_driver(self, job: str) -> None:
+        d = self.drivers.pop(job, None)
+        if d is not None:
+            d.stop()
+
+
+def controllers(store: Store) -> list[dict[str, Any]]:
+    """Live controllers (from their registrations), leader first."""
+    kvs, _ = store.range(keys.controllers())
+    leader = store.get(keys.leader())
+    lid = leader.value.decode() if leader else None
+    out = [json.loads(kv.value) for kv in kvs]
+    for c in out:
+        c["leader"] = c["id"] == lid
+    return sorted(out, key=lambda c: (not c["leader"], c["id"]))

@@ -1,0 +1,314 @@
+"""``rrl``: the command line of resilient-rl.
+
+Kept light on purpose: importing this module pulls in typer, rich, pydantic
+and the etcd client only, so ``rrl --help`` answers at once. torch, Ray and vLLM
+are imported inside the commands (and worker actors) that need them.
+
+Exit codes: 0 ok, 1 runtime error (etcd unreachable, job failed), 2 bad input
+(invalid job file, unknown option).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    name="rrl",
+    help="resilient-rl: RL post-training for LLMs that keeps running through failures.\n\n"
+    "Quick start: `rrl up` starts a local etcd, Ray head and controller; "
+    "`rrl submit job.yaml` runs a job; `rrl status` shows it; `rrl down` stops everything.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+EtcdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--etcd",
+        envvar="RRL_ETCD",
+        help="etcd endpoints host:port[,host:port...] (default: the one `rrl up` started).",
+    ),
+]
+OutputOpt = Annotated[str, typer.Option("--output", "-o", help="table or json.")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _store(etcd: str | None) -> Any:
+    from controller.store import Store
+
+    from .local import Platform
+
+    endpoints = etcd or Platform().etcd_endpoint()
+    if not endpoints:
+        fail("no etcd to talk to: run `rrl up` to start a local one, or pass --etcd host:port (or set RRL_ETCD)")
+    try:
+        return Store(endpoints, timeout=2.0, retry_window=5.0)
+    except ValueError as e:
+        fail(f"--etcd: {e}", 2)
+
+
+def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run an etcd-backed operation; turn etcd / lookup errors into clear CLI errors."""
+    from controller.jobs import JobExists, JobNotFound
+    from controller.keys import InvalidId
+    from controller.store import EtcdError, EtcdUnavailable
+
+    try:
+        return fn(*args, **kwargs)
+    except EtcdUnavailable as e:
+        fail(f"cannot reach etcd ({e}). Is it running? `rrl up` starts a local one.")
+    except (JobNotFound, InvalidId) as e:
+        fail(str(e))
+    except JobExists as e:
+        fail(str(e))
+    except EtcdError as e:
+        fail(f"etcd error: {e}")
+
+
+def _check_output(output: str) -> None:
+    if output not in ("table", "json"):
+        fail(f"--output must be 'table' or 'json', not {output!r}", 2)
+
+
+# --- platform ---------------------------------------------------------------
+
+
+@app.command()
+def up(
+    etcd: EtcdOpt = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", envvar="RAY_ADDRESS", help="Use this Ray cluster instead of starting one."),
+    ] = None,
+    controllers: Annotated[int, typer.Option(min=1, max=5, help="Controller processes (1 leader + standbys).")] = 1,
+) -> None:
+    """Start the local platform (etcd, Ray head, controller) if not already running."""
+    from .local import Platform, PlatformError
+
+    try:
+        data = Platform().up(etcd=etcd, ray_address=ray_address, controllers=controllers, progress=out.print)
+    except PlatformError as e:
+        fail(str(e))
+    out.print(f"[green]platform up[/]: etcd {data['etcd']}, ray {data['ray']}, home {Platform().home}")
+
+
+@app.command()
+def down() -> None:
+    """Stop exactly the processes `rrl up` started (by PID). Data under $RRL_HOME is kept."""
+    from .local import Platform
+
+    stopped = Platform().down(progress=out.print)
+    out.print("[green]platform down[/]" if stopped else "nothing was running")
+
+
+@app.command()
+def controller(
+    etcd: EtcdOpt = None,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", envvar="RAY_ADDRESS")] = None,
+    id: Annotated[str | None, typer.Option("--id", help="Controller id (default host-pid).")] = None,
+    ttl: Annotated[int, typer.Option(min=2, help="Leader lease TTL in seconds.")] = 5,
+) -> None:
+    """Run a controller in the foreground (leader or standby). `rrl up` starts these for you."""
+    from controller.service import Controller
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    store = _store(etcd)
+    c = Controller(store, id, ttl=ttl, info={"ray": ray_address})
+    signal.signal(signal.SIGTERM, lambda *_: c.stop())
+    signal.signal(signal.SIGINT, lambda *_: c.stop())
+    c.run()
+
+
+# --- jobs -------------------------------------------------------------------
+
+
+@app.command()
+def submit(
+    job_file: Annotated[Path, typer.Argument(help="Job spec (YAML). See examples/.")],
+    name: Annotated[str | None, typer.Option("--name", help="Override the job's name (its id).")] = None,
+    etcd: EtcdOpt = None,
+) -> None:
+    """Validate a job file and submit it; the leader controller picks it up."""
+    from controller import jobs
+
+    from .spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(job_file, {"name": name} if name else None)
+    except SpecError as e:
+        fail(str(e), 2)
+    store = _store(etcd)
+    _guard(
+        jobs.submit,
+        store,
+        spec.name,
+        spec.to_json(),
+        {"rollout": spec.rollout.replicas, "trainer": spec.trainer.replicas},
+    )
+    out.print(f"submitted job [bold]{spec.name}[/] ({spec.steps} steps). Follow it with `rrl status {spec.name}`.")
+
+
+def _job_row(rec: Any) -> list[str]:
+    st = rec.state
+    steps = rec.spec.get("steps", "?")
+    reward = st.get("reward")
+    n = {g: len(m) for g, m in rec.members.items()}
+    want = {g: rec.desired.get(g) for g in ("rollout", "trainer")}
+    workers = " ".join(f"{g} {n.get(g, 0)}/{want[g]}" for g in ("rollout", "trainer") if want[g] is not None)
+    return [
+        rec.id,
+        rec.phase,
+        f"{st.get('step', 0)}/{steps}",
+        str(st.get("policy_version", 0)),
+        "-" if reward is None else f"{reward:.3f}",
+        workers,
+    ]
+
+
+def _jobs_table(records: list[Any]) -> Table:
+    t = Table(box=None, header_style="bold")
+    for col in ("JOB", "PHASE", "STEP", "POLICY", "REWARD", "WORKERS"):
+        t.add_column(col)
+    for rec in records:
+        t.add_row(*_job_row(rec))
+    return t
+
+
+@app.command()
+def status(
+    job: Annotated[str | None, typer.Argument(help="A job id (default: all jobs and the controllers).")] = None,
+    output: OutputOpt = "table",
+    etcd: EtcdOpt = None,
+) -> None:
+    """Show jobs (phase, step, policy version, reward, workers) and controllers."""
+    from controller import jobs, service
+
+    _check_output(output)
+    store = _store(etcd)
+    if job is not None:
+        rec = _guard(jobs.get, store, job)
+        if output == "json":
+            out.print_json(json.dumps(rec.to_dict()))
+            return
+        out.print(_jobs_table([rec]))
+        if rec.state.get("reason"):
+            out.print(f"reason: {rec.state['reason']}")
+        for group, members in sorted(rec.members.items()):
+            for w, info in sorted(members.items()):
+                out.print(
+                    f"  {group}/{w}: {info.get('status')} pid {info.get('pid')} on {info.get('node')} "
+                    f"policy v{info.get('version', '-')}"
+                )
+        return
+    records = _guard(jobs.list_all, store)
+    ctrls = _guard(service.controllers, store)
+    if output == "json":
+        out.print_json(json.dumps({"jobs": [r.to_dict() for r in records], "controllers": ctrls}))
+        return
+    if records:
+        out.print(_jobs_table(records))
+    else:
+        out.print("no jobs")
+    leader = next((c["id"] for c in ctrls if c["leader"]), None)
+    out.print(f"controllers: {len(ctrls)} ({'leader ' + leader if leader else 'no leader'})")
+
+
+@app.command("list")
+def list_(output: OutputOpt = "table", etcd: EtcdOpt = None) -> None:
+    """List jobs, one line each."""
+    from controller import jobs
+
+    _check_output(output)
+    records = _guard(jobs.list_all, _store(etcd))
+    if output == "json":
+        out.print_json(json.dumps([{"id": r.id, "phase": r.phase, "step": r.state.get("step", 0)} for r in records]))
+    elif records:
+        out.print(_jobs_table(records))
+    else:
+        out.print("no jobs")
+
+
+@app.command()
+def cancel(job: Annotated[str, typer.Argument(help="Job id.")], etcd: EtcdOpt = None) -> None:
+    """Cancel a job: the leader stops its workers and marks it CANCELLED."""
+    from controller import jobs
+
+    _guard(jobs.cancel, _store(etcd), job)
+    out.print(f"cancel requested for {job}")
+
+
+@app.command()
+def scale(
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    rollout: Annotated[int | None, typer.Option(min=1, help="New rollout worker count.")] = None,
+    trainer: Annotated[int | None, typer.Option(min=1, help="New trainer world size.")] = None,
+    etcd: EtcdOpt = None,
+) -> None:
+    """Change a job's group sizes (desired state); the leader reconciles toward it."""
+    from controller import jobs
+
+    groups = {k: v for k, v in (("rollout", rollout), ("trainer", trainer)) if v is not None}
+    if not groups:
+        fail("give --rollout N and/or --trainer M", 2)
+    desired = _guard(jobs.scale, _store(etcd), job, **groups)
+    out.print(f"{job}: desired " + ", ".join(f"{g} {desired[g]}" for g in groups))
+
+
+@app.command()
+def events(
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events.")] = False,
+    output: OutputOpt = "table",
+    etcd: EtcdOpt = None,
+) -> None:
+    """Print a job's event log (faults, recoveries, scaling, leader changes)."""
+    from controller import events as ev
+    from controller import jobs
+
+    _check_output(output)
+    store = _store(etcd)
+    _guard(jobs.get, store, job)
+    last = -1
+    while True:
+        for e in _guard(ev.read, store, job, last, 1000):
+            last = e["seq"]
+            if output == "json":
+                print(json.dumps(e), flush=True)
+            else:
+                ts = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+                out.print(f"{ts} [bold]{e['kind']:<12}[/] {e['message']}", highlight=False)
+        if not follow:
+            return
+        time.sleep(1.0)
+
+
+def main() -> None:
+    # Ray (started by our controllers) must bind loopback only; see docs/architecture.md
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,329 @@
+"""The embedded single-machine platform: a local etcd, a Ray head and a controller.
+
+``rrl up`` starts each as a child process in its own session (process group),
+bound to 127.0.0.1, with data and logs under ``$RRL_HOME`` (default ``~/.rrl``),
+and records their PIDs and addresses in ``$RRL_HOME/platform.json``. ``rrl
+down`` ends exactly those process groups, by PID, and nothing else: Ray's own
+``ray stop`` kills by process name and would hit other users' Ray.
+
+The same :class:`ManagedProcess` / :func:`start_etcd` helpers start the etcd
+servers of the test suite and the chaos harness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class PlatformError(RuntimeError):
+    """The local platform could not be started or stopped; the message says why."""
+
+
+def rrl_home() -> Path:
+    return Path(os.environ.get("RRL_HOME") or Path.home() / ".rrl").expanduser()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child still answers kill(0); look at its state
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def session_pids(sid: int) -> list[int]:
+    """PIDs of live processes whose session id is ``sid`` (Linux /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields after the command: state ppid pgrp session ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(d))
+    return out
+
+
+@dataclass
+class ManagedProcess:
+    """A child started in its own session; ``stop()`` ends the whole session by PID."""
+
+    name: str
+    pid: int
+    popen: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def spawn(cls, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> ManagedProcess:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            p = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
+        return cls(name, p.pid, p)
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return pid_alive(self.pid)
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the process group, wait, then SIGKILL whatever of the session is left."""
+        self.signal(signal.SIGCONT)  # a stopped process cannot handle SIGTERM
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen is not None:
+                self.popen.poll()
+            if not session_pids(self.pid):
+                break
+            time.sleep(0.1)
+        for pid in session_pids(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=5)
+
+    def kill(self) -> None:
+        """SIGKILL the process group at once (a crash)."""
+        self.signal(signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait(timeout=10)
+
+
+def etcd_binary() -> str:
+    path = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
+    if path is None:
+        raise PlatformError(
+            "the etcd server binary was not found on PATH. Install it with "
+            "`sudo apt-get install etcd-server` (Debian/Ubuntu), or point rrl at an existing "
+            "cluster with --etcd host:port / RRL_ETCD."
+        )
+    return path
+
+
+def start_etcd(
+    data_dir: Path,
+    client_port: int,
+    peer_port: int,
+    log_path: Path,
+    *,
+    name: str = "rrl",
+    initial_cluster: str | None = None,
+    extra: list[str] | None = None,
+    wait: float = 20.0,
+) -> ManagedProcess:
+    """Start an etcd member on 127.0.0.1 and wait until its client port answers."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    client = f"http://127.0.0.1:{client_port}"
+    peer = f"http://127.0.0.1:{peer_port}"
+    argv = [
+        etcd_binary(),
+        "--name", name,
+        "--data-dir", str(data_dir),
+        "--listen-client-urls", client,
+        "--advertise-client-urls", client,
+        "--listen-peer-urls", peer,
+        "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", initial_cluster or f"{name}={peer}",
+        "--initial-cluster-state", "new",
+        "--heartbeat-interval", "100",
+        "--election-timeout", "1000",
+        *(extra or []),
+    ]  # fmt: skip
+    proc = ManagedProcess.spawn(f"etcd:{name}", argv, log_path)
+    deadline = time.monotonic() + wait
+    while not port_open("127.0.0.1", client_port):
+        if not proc.alive():
+            raise PlatformError(f"etcd exited at start; see {log_path}:\n{_tail(log_path)}")
+        if time.monotonic() > deadline:
+            proc.stop()
+            raise PlatformError(f"etcd did not open 127.0.0.1:{client_port} within {wait:.0f}s; see {log_path}")
+        time.sleep(0.05)
+    return proc
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+# --- the embedded platform (rrl up / rrl down) --------------------------------
+
+
+def ray_env() -> dict[str, str]:
+    """Environment that keeps every Ray listener on 127.0.0.1 (see docs/architecture.md)."""
+    return {
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+
+
+class Platform:
+    """The processes of the embedded platform, persisted in ``$RRL_HOME/platform.json``."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or rrl_home()
+        self.file = self.home / "platform.json"
+
+    def load(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.file.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def save(self, data: dict[str, Any]) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        tmp = self.file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, self.file)
+
+    def running(self) -> dict[str, Any]:
+        """The recorded processes that are still alive: ``{name: record}``."""
+        return {k: v for k, v in self.load().get("processes", {}).items() if pid_alive(v["pid"])}
+
+    def etcd_endpoint(self) -> str | None:
+        d = self.load()
+        return d.get("etcd") if d.get("processes", {}).get("etcd") else None
+
+    def up(
+        self,
+        *,
+        etcd: str | None = None,
+        ray_address: str | None = None,
+        controllers: int = 1,
+        progress: Any = print,
+    ) -> dict[str, Any]:
+        """Start whatever is not running yet; idempotent. Returns the platform record."""
+        data = self.load()
+        procs: dict[str, Any] = self.running()
+        ports = data.get("ports") or {}
+        logs = self.home / "logs"
+
+        if etcd:
+            data["etcd"] = etcd
+            procs.pop("etcd", None)
+        elif "etcd" not in procs:
+            ports.setdefault("etcd_client", free_port())
+            ports.setdefault("etcd_peer", free_port())
+            progress(f"starting etcd on 127.0.0.1:{ports['etcd_client']} (data {self.home / 'etcd'})")
+            p = start_etcd(self.home / "etcd", ports["etcd_client"], ports["etcd_peer"], logs / "etcd.log")
+            procs["etcd"] = {"pid": p.pid, "log": str(logs / "etcd.log")}
+            data["etcd"] = f"127.0.0.1:{ports['etcd_client']}"
+
+        if ray_address:
+            data["ray"] = ray_address
+            procs.pop("ray", None)
+        elif "ray" not in procs:
+            ports["ray"] = free_port() if not ports.get("ray") or port_open("127.0.0.1", ports["ray"]) else ports["ray"]
+            progress(f"starting Ray head on 127.0.0.1:{ports['ray']}")
+            p = self._start_ray(ports["ray"], logs / "ray.log")
+            procs["ray"] = {"pid": p.pid, "log": str(logs / "ray.log")}
+            data["ray"] = f"127.0.0.1:{ports['ray']}"
+
+        data["ports"] = ports
+        data["processes"] = procs
+        self.save(data)
+
+        for i in range(controllers):
+            name = f"controller-{i}"
+            if name in procs:
+                continue
+            progress(f"starting controller {name}")
+            argv = [
+                sys.executable, "-m", "resilient_rl.cli", "controller",
+                "--etcd", data["etcd"], "--ray-address", data["ray"],
+                "--id", f"{socket.gethostname()}-{i}",
+            ]  # fmt: skip
+            p = ManagedProcess.spawn(name, argv, logs / f"{name}.log", env={**ray_env(), "RRL_HOME": str(self.home)})
+            procs[name] = {"pid": p.pid, "log": str(logs / f"{name}.log")}
+            self.save(data)
+        return data
+
+    def _start_ray(self, port: int, log_path: Path, wait: float = 90.0) -> ManagedProcess:
+        ray_bin = Path(sys.executable).parent / "ray"
+        if not ray_bin.exists():
+            ray_bin = Path(shutil.which("ray") or "ray")
+        argv = [
+            str(ray_bin), "start", "--head", "--block",
+            "--port", str(port), "--node-ip-address", "127.0.0.1",
+            "--include-dashboard", "false", "--disable-usage-stats",
+            "--temp-dir", str(self.home / "ray"),
+        ]  # fmt: skip
+        proc = ManagedProcess.spawn("ray", argv, log_path, env=ray_env())
+        deadline = time.monotonic() + wait
+        while not port_open("127.0.0.1", port):
+            if not proc.alive():
+                raise PlatformError(f"Ray head exited at start; see {log_path}:\n{_tail(log_path)}")
+            if time.monotonic() > deadline:
+                proc.stop()
+                raise PlatformError(f"Ray head did not open 127.0.0.1:{port} within {wait:.0f}s; see {log_path}")
+            time.sleep(0.2)
+        return proc
+
+    def down(self, progress: Any = print) -> list[str]:
+        """Stop every process ``up`` started (controllers first, etcd last). Returns their names."""
+        data = self.load()
+        procs = data.get("processes", {})
+        order = sorted(procs, key=lambda n: (n == "etcd", n == "ray", n))
+        stopped = []
+        for name in order:
+            rec = procs[name]
+            if pid_alive(rec["pid"]) or session_pids(rec["pid"]):
+                progress(f"stopping {name} (pid {rec['pid']})")
+                # Ray's `start --block` can take long to pass SIGTERM on to a raylet that is
+                # still starting; its state is disposable, so it gets a short grace period.
+                ManagedProcess(name, rec["pid"]).stop(timeout=5.0 if name == "ray" else 15.0)
+                stopped.append(name)
+        data["processes"] = {}
+        if data:
+            self.save(data)
+        return stopped
