@@ -13,6 +13,7 @@ servers of the test suite and the chaos harness.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,6 +290,15 @@ class Platform:
             self.save(data)
         return data
 
+    def ray_temp_dir(self) -> Path:
+        """Ray's session folder. Ray puts AF_UNIX sockets in it (107-byte path limit), so a
+        deep $RRL_HOME gets a short folder under /tmp named after it instead."""
+        path = self.home / "ray"
+        if len(str(path)) <= 40:
+            return path
+        digest = hashlib.sha1(str(self.home.resolve()).encode()).hexdigest()[:10]
+        return Path(tempfile.gettempdir()) / f"rrl-ray-{digest}"
+
     def _start_ray(self, port: int, log_path: Path, wait: float = 90.0) -> ManagedProcess:
         ray_bin = Path(sys.executable).parent / "ray"
         if not ray_bin.exists():
@@ -296,7 +307,7 @@ class Platform:
             str(ray_bin), "start", "--head", "--block",
             "--port", str(port), "--node-ip-address", "127.0.0.1",
             "--include-dashboard", "false", "--disable-usage-stats",
-            "--temp-dir", str(self.home / "ray"),
+            "--temp-dir", str(self.ray_temp_dir()),
         ]  # fmt: skip
         proc = ManagedProcess.spawn("ray", argv, log_path, env=ray_env())
         deadline = time.monotonic() + wait

@@ -1,0 +1,121 @@
+"""The `rrl` console script, run as a user runs it, against real etcd / Ray / controllers."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from resilient_rl.local import Platform, pid_alive, session_pids
+from tests.conftest import REPO, EtcdServer, run_rrl
+
+GOOD = (REPO / "examples" / "copy-tiny.yaml").read_text()
+
+
+def test_submit_malformed_spec_exits_2_naming_field(tmp_path: Path, etcd: EtcdServer) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD.replace("replicas: 1", "replicas: 0").replace("lr: 0.001", "lr: fast"))
+    r = run_rrl("submit", str(bad), "--etcd", etcd.endpoint)
+    assert r.returncode == 2, r.stderr
+    assert str(bad) in r.stderr
+    assert "rollout.replicas" in r.stderr and "trainer.lr" in r.stderr
+    unknown = tmp_path / "typo.yaml"
+    unknown.write_text(GOOD + "\nstepz: 5\n")
+    r = run_rrl("submit", str(unknown), "--etcd", etcd.endpoint)
+    assert r.returncode == 2 and "stepz" in r.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nmodel: [unclosed\n")
+    r = run_rrl("submit", str(broken), "--etcd", etcd.endpoint)
+    assert r.returncode == 2 and f"{broken}:" in r.stderr and "YAML" in r.stderr
+    r = run_rrl("submit", str(tmp_path / "missing.yaml"), "--etcd", etcd.endpoint)
+    assert r.returncode == 2 and "missing.yaml" in r.stderr
+    # nothing was stored
+    assert etcd.store().range("/rrl/v1/jobs/")[0] == []
+
+
+def test_submit_valid_then_status_and_cancel(etcd: EtcdServer, rrl_home: Path) -> None:
+    spec = REPO / "examples" / "copy-tiny.yaml"
+    r = run_rrl("submit", str(spec), "--etcd", etcd.endpoint)
+    assert r.returncode == 0, r.stderr
+    r = run_rrl("submit", str(spec), "--etcd", etcd.endpoint)
+    assert r.returncode == 1 and "already exists" in r.stderr
+    r = run_rrl("status", "copy-tiny", "--etcd", etcd.endpoint, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert rec["id"] == "copy-tiny" and rec["phase"] == "PENDING"
+    assert rec["spec"]["steps"] == 200 and rec["desired"]["rollout"] == 1 and rec["desired"]["trainer"] == 2
+    r = run_rrl("status", "--etcd", etcd.endpoint)
+    assert "copy-tiny" in r.stdout and "PENDING" in r.stdout
+    r = run_rrl("list", "--etcd", etcd.endpoint, "-o", "json")
+    assert json.loads(r.stdout)[0]["id"] == "copy-tiny"
+    r = run_rrl("scale", "copy-tiny", "--rollout", "3", "--etcd", etcd.endpoint)
+    assert r.returncode == 0
+    r = run_rrl("cancel", "copy-tiny", "--etcd", etcd.endpoint)
+    assert r.returncode == 0
+    desired = json.loads(etcd.store().get("/rrl/v1/jobs/copy-tiny/desired").value)  # type: ignore[union-attr]
+    assert desired["cancel"] is True and desired["rollout"] == 3
+    r = run_rrl("status", "no-such-job", "--etcd", etcd.endpoint)
+    assert r.returncode == 1 and "no job named 'no-such-job'" in r.stderr
+    r = run_rrl("status", "Bad/Id", "--etcd", etcd.endpoint)
+    assert r.returncode == 1 and "invalid job id" in r.stderr
+
+
+def test_unreachable_etcd_is_a_clear_error(rrl_home: Path) -> None:
+    from resilient_rl.local import free_port
+
+    r = run_rrl("status", "--etcd", f"127.0.0.1:{free_port()}")
+    assert r.returncode == 1
+    assert "cannot reach etcd" in r.stderr
+    r = run_rrl("status")
+    assert r.returncode == 1 and "rrl up" in r.stderr
+
+
+def test_cli_import_is_light() -> None:
+    """`rrl --help` must not import torch, Ray or vLLM (it answers in well under a second)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, resilient_rl.cli, controller.service, controller.jobs;"
+        "heavy = [m for m in ('torch', 'ray', 'vllm', 'transformers') if m in sys.modules];"
+        "print(','.join(heavy))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ""
+    r = run_rrl("--help")
+    assert r.returncode == 0 and "submit" in r.stdout and "status" in r.stdout
+
+
+def _platform_pids(home: Path) -> list[int]:
+    data = json.loads((home / "platform.json").read_text())
+    return [p["pid"] for p in data["processes"].values()]
+
+
+def test_up_status_down_twice_leaves_nothing(rrl_home: Path) -> None:
+    for round_ in range(2):
+        r = run_rrl("up", timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        pids = _platform_pids(rrl_home)
+        assert len(pids) == 3  # etcd, ray, controller
+        assert all(pid_alive(p) for p in pids)
+        again = run_rrl("up")  # idempotent: starts nothing new
+        assert again.returncode == 0 and _platform_pids(rrl_home) == pids
+        deadline = time.monotonic() + 30
+        while True:
+            r = run_rrl("status")
+            assert r.returncode == 0, r.stderr
+            if "leader" in r.stdout and "no leader" not in r.stdout:
+                break
+            assert time.monotonic() < deadline, r.stdout
+            time.sleep(0.5)
+        if round_ == 0:
+            assert run_rrl("submit", str(REPO / "examples" / "copy-tiny.yaml")).returncode == 0
+        else:
+            # etcd kept its data dir: the job submitted in round one is still there
+            assert "copy-tiny" in r.stdout
+        r = run_rrl("down", timeout=120)
+        assert r.returncode == 0, r.stderr
+        for pid in pids:
+            assert not pid_alive(pid) and session_pids(pid) == [], f"process {pid} survived rrl down"
+        assert Platform(rrl_home).running() == {}

@@ -1,0 +1,64 @@
+"""Worker registration and the controller's live membership view, on a real etcd."""
+
+from __future__ import annotations
+
+import time
+
+from controller import keys
+from controller.membership import MembershipView, Registration
+from controller.store import Store
+from tests.conftest import EtcdServer
+
+
+def test_join_update_leave(store: Store) -> None:
+    seen: list[tuple[str, str, str]] = []
+    view = MembershipView(
+        store,
+        "job-a",
+        on_join=lambda g, w, i: seen.append(("join", g, w)),
+        on_update=lambda g, w, i: seen.append(("update", g, w)),
+        on_leave=lambda g, w, i: seen.append(("leave", g, w)),
+    )
+    reg = Registration(store, "job-a", "rollout", "0", ttl=2, version=0)
+    assert view.wait_for(lambda m: ("rollout", "0") in m, 10)
+    reg.update(status="ready", version=3)
+    assert view.wait_for(lambda m: m.get(("rollout", "0"), {}).get("version") == 3, 10)
+    assert view.group("rollout")["0"]["status"] == "ready"
+    reg.close()
+    assert view.wait_for(lambda m: not m, 10)
+    assert seen[0] == ("join", "rollout", "0") and seen[-1] == ("leave", "rollout", "0")
+    assert ("update", "rollout", "0") in seen
+    view.close()
+
+
+def test_dead_worker_leaves_on_lease_expiry(store: Store) -> None:
+    reg = Registration(store, "job-b", "trainer", "1", ttl=2)
+    view = MembershipView(store, "job-b")
+    assert ("trainer", "1") in view.members  # present in the initial listing
+    # simulate a crash: the worker's threads stop, nothing revokes the lease
+    reg._closed.set()
+    assert reg._lease is not None
+    reg._lease.stop()
+    t0 = time.monotonic()
+    assert view.wait_for(lambda m: ("trainer", "1") not in m, 2 + 1 + 1)
+    assert time.monotonic() - t0 <= 3.5
+    view.close()
+
+
+def test_worker_reregisters_after_etcd_loses_its_lease(etcd: EtcdServer) -> None:
+    """etcd down longer than the TTL: the lease is gone when it is back; the worker registers anew."""
+    store = etcd.store(timeout=0.5, retry_window=1.0)
+    reg = Registration(store, "job-c", "rollout", "0", ttl=2, version=1)
+    first_lease = reg.lease_id
+    etcd.stop()
+    time.sleep(3)  # past the TTL; etcd expires the lease when it restarts
+    etcd.start()
+    other = etcd.store()
+    deadline = time.monotonic() + 20
+    while True:
+        kv = other.get(keys.member("job-c", "rollout", "0"))
+        if kv is not None and kv.lease != first_lease and other.lease_refresh(kv.lease) > 0:
+            break
+        assert time.monotonic() < deadline, "worker did not re-register after the etcd outage"
+        time.sleep(0.2)
+    reg.close()

@@ -1,0 +1,27 @@
+"""Reward functions used by tests/unit/test_tasks.py through ``task.reward_fn: tests.unit.reward_fns:<name>``."""
+
+from __future__ import annotations
+
+
+def length_ratio(prompt: str, completion: str, answer: str) -> float:
+    """len(completion) / len(answer): exercises clamping (may exceed 1)."""
+    return len(completion) / len(answer)
+
+
+def always_raises(prompt: str, completion: str, answer: str) -> float:
+    raise RuntimeError(f"boom on {completion!r}")
+
+
+def returns_string(prompt: str, completion: str, answer: str) -> float:
+    return "1.0"  # type: ignore[return-value]
+
+
+def returns_nan(prompt: str, completion: str, answer: str) -> float:
+    return float("nan")
+
+
+def negative(prompt: str, completion: str, answer: str) -> float:
+    return -3.0
+
+
+NOT_CALLABLE = 42
