@@ -1,6 +1,6 @@
 """How fast does `rrl --help` answer? Prints the median of N runs of the real console script.
 
-    .venv/bin/python bench/cli_startup.py [N]
+.venv/bin/python bench/cli_startup.py [N]
 """
 
 from __future__ import annotations

@@ -17,12 +17,13 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from . import jobs, keys
 from .election import Election, NotLeader
 from .events import EventLog
-from .store import EtcdError, KeptLease, Put, Store
+from .store import Compare, EtcdError, KeptLease, Put, Store
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,11 @@ class JobDriver(Protocol):
     """What the leader needs to run one job; implemented by ``resilient_rl``.
 
     ``reconcile`` is called repeatedly by the leader with the job's current
-    record; it does a bounded amount of work and returns the state fields to
-    write (or None for no change). ``stop`` releases what the driver holds
-    (called when leadership is lost or the job ends).
+    record; it does a bounded amount of work and returns state fields to merge
+    (or None). A driver may also write through the controller's fenced
+    ``update_state`` / ``event`` from its own thread. ``stop`` releases what the
+    driver holds (called when leadership is lost, the job ends or is cancelled)
+    and must not return before the driver has stopped writing.
     """
 
     def reconcile(self, record: jobs.JobRecord) -> dict[str, Any] | None: ...
@@ -124,9 +127,29 @@ class Controller:
         log_ = self._events.setdefault(job, EventLog(self.election, job))
         log_.append(kind, message, **data)
 
-    def write_state(self, job: str, state: dict[str, Any]) -> None:
-        """Fenced write of a job's state (raises NotLeader when fenced out)."""
-        self.election.fenced_txn(success=[Put(keys.state(job), json.dumps(state))])
+    def read_state(self, job: str) -> dict[str, Any]:
+        kv = self.store.get(keys.state(job))
+        return dict(json.loads(kv.value)) if kv else {}
+
+    def update_state(
+        self, job: str, expect: Callable[[dict[str, Any]], None] | None = None, **changes: Any
+    ) -> dict[str, Any]:
+        """Merge ``changes`` into the job's state: a fenced compare-and-swap on the state key.
+
+        ``expect(current)`` may raise to refuse the update (e.g. a step commit that
+        would apply a step twice). Raises NotLeader when fenced out.
+        """
+        key = keys.state(job)
+        for _ in range(20):
+            kv = self.store.get(key)
+            cur = json.loads(kv.value) if kv else {}
+            if expect is not None:
+                expect(cur)
+            new = {**cur, **changes}
+            guard = Compare(key, "mod", "=", kv.mod_revision) if kv else Compare(key, "create", "=", 0)
+            if self.election.fenced_txn([guard], success=[Put(key, json.dumps(new))]).succeeded:
+                return new
+        raise RuntimeError(f"state of {job} kept changing under us")
 
     def reconcile(self, rec: jobs.JobRecord, *, leader_changed: bool = False) -> None:
         """Move one job toward its desired state (one bounded pass)."""
@@ -134,33 +157,22 @@ class Controller:
             self._drop_driver(rec.id)
             return
         if not rec.state:
-            state = {
-                "phase": "PENDING",
-                "step": 0,
-                "policy_version": 0,
-                "trainer_epoch": 0,
-                "checkpoint": None,
-            }
-            self.write_state(rec.id, state)
+            self.update_state(rec.id, phase="PENDING", step=0, policy_version=0, trainer_epoch=0, checkpoint=None)
             self.event(rec.id, "submitted", f"job {rec.id} accepted by controller {self.id}")
-            rec.state = state
         elif leader_changed:
             self.event(rec.id, "leader", f"controller {self.id} took over as leader", token=self.election.token)
         if rec.desired.get("cancel"):
-            self._drop_driver(rec.id)
-            self.write_state(rec.id, {**rec.state, "phase": "CANCELLED", "reason": "cancelled by user"})
+            self._drop_driver(rec.id)  # stopped before the write, so it cannot overwrite CANCELLED
+            self.update_state(rec.id, phase="CANCELLED", reason="cancelled by user", finished_at=time.time())
             self.event(rec.id, "cancelled", "job cancelled by user")
             return
         if self.driver_factory is None:
             return
-        driver = self.drivers.get(rec.id)
-        if driver is None:
-            driver = self.drivers[rec.id] = self.driver_factory(self, rec)
-        update = driver.reconcile(rec)
+        if rec.id not in self.drivers:
+            self.drivers[rec.id] = self.driver_factory(self, rec)
+        update = self.drivers[rec.id].reconcile(rec)
         if update:
-            self.write_state(rec.id, {**rec.state, **update})
-            if update.get("phase") in jobs.TERMINAL:
-                self._drop_driver(rec.id)
+            self.update_state(rec.id, **update)
 
     def _drop_driver(self, job: str) -> None:
         d = self.drivers.pop(job, None)

@@ -112,6 +112,59 @@ def up(
 
 
 @app.command()
+def run(
+    job_file: Annotated[Path, typer.Argument(help="Job spec (YAML).")],
+    name: Annotated[str | None, typer.Option("--name", help="Override the job's name (its id).")] = None,
+) -> None:
+    """One shot: `rrl up`, submit the job, follow it to the end (the platform stays up)."""
+    from controller import jobs
+
+    from .local import Platform, PlatformError
+    from .spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(job_file, {"name": name} if name else None)
+    except SpecError as e:
+        fail(str(e), 2)
+    try:
+        data = Platform().up(progress=out.print)
+    except PlatformError as e:
+        fail(str(e))
+    store = _store(data["etcd"])
+    desired = {"rollout": spec.rollout.replicas, "trainer": spec.trainer.replicas}
+    _guard(jobs.submit, store, spec.name, spec.to_json(), desired)
+    out.print(f"submitted job [bold]{spec.name}[/] ({spec.steps} steps)")
+    raise typer.Exit(_follow(store, spec.name))
+
+
+@app.command("init-model")
+def init_model(
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write the model and tokenizer to.")],
+    hidden_size: Annotated[int, typer.Option(help="Model width (head dim = hidden/heads must be 64 or 128).")] = 128,
+    num_layers: Annotated[int, typer.Option(help="Transformer blocks.")] = 2,
+    num_heads: Annotated[int, typer.Option(help="Attention heads.")] = 2,
+    num_kv_heads: Annotated[int, typer.Option(help="Key/value heads.")] = 1,
+    seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
+) -> None:
+    """Write a tiny random Qwen2-style model + character tokenizer (offline; loads in vLLM and transformers)."""
+    from pydantic import ValidationError
+
+    from .spec import TinyModelInit
+
+    try:
+        init = TinyModelInit(
+            hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, seed=seed
+        )
+    except ValidationError as e:
+        fail("; ".join(err["msg"] for err in e.errors()), 2)
+    from .model_init import make_tiny_model
+    from .tasks import VOCAB_CHARS
+
+    path = make_tiny_model(out_dir, init, VOCAB_CHARS)
+    out.print(f"wrote tiny model to {path}")
+
+
+@app.command()
 def down() -> None:
     """Stop exactly the processes `rrl up` started (by PID). Data under $RRL_HOME is kept."""
     from .local import Platform
@@ -130,9 +183,13 @@ def controller(
     """Run a controller in the foreground (leader or standby). `rrl up` starts these for you."""
     from controller.service import Controller
 
+    from .runner import runner_factory  # light: Ray is imported when the first job runs
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     store = _store(etcd)
-    c = Controller(store, id, ttl=ttl, info={"ray": ray_address})
+    c = Controller(
+        store, id, ttl=ttl, info={"ray": ray_address}, driver_factory=runner_factory(ray_address, store.endpoints)
+    )
     signal.signal(signal.SIGTERM, lambda *_: c.stop())
     signal.signal(signal.SIGINT, lambda *_: c.stop())
     c.run()
@@ -145,6 +202,7 @@ def controller(
 def submit(
     job_file: Annotated[Path, typer.Argument(help="Job spec (YAML). See examples/.")],
     name: Annotated[str | None, typer.Option("--name", help="Override the job's name (its id).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Show live progress until the job ends.")] = False,
     etcd: EtcdOpt = None,
 ) -> None:
     """Validate a job file and submit it; the leader controller picks it up."""
@@ -165,6 +223,41 @@ def submit(
         {"rollout": spec.rollout.replicas, "trainer": spec.trainer.replicas},
     )
     out.print(f"submitted job [bold]{spec.name}[/] ({spec.steps} steps). Follow it with `rrl status {spec.name}`.")
+    if follow:
+        raise typer.Exit(_follow(store, spec.name))
+
+
+def _follow(store: Any, job: str) -> int:
+    """Live progress bar until the job ends; prints a summary. Returns the exit code."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from controller import jobs
+
+    rec = _guard(jobs.get, store, job)
+    total = int(rec.spec.get("steps", 0))
+    cols = [TextColumn("[bold]{task.fields[phase]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}")]  # fmt: skip
+    with Progress(*cols, console=out, transient=False) as bar:
+        task = bar.add_task(job, total=total, phase=rec.phase, info="")
+        while True:
+            rec = _guard(jobs.get, store, job)
+            st = rec.state
+            reward = st.get("reward")
+            info = f"policy v{st.get('policy_version', 0)}"
+            if reward is not None:
+                info += f"  reward {reward:.3f}"
+            if st.get("tokens_per_s"):
+                info += f"  {st['tokens_per_s']:.0f} tok/s"
+            bar.update(task, completed=st.get("step", 0), phase=rec.phase, info=info)
+            if rec.phase in jobs.TERMINAL:
+                break
+            time.sleep(1.0)
+    st = rec.state
+    took = (st.get("finished_at") or time.time()) - (st.get("started_at") or time.time())
+    colour = "green" if rec.phase == "SUCCEEDED" else "red"
+    out.print(f"[{colour}]{job} {rec.phase}[/] after {st.get('step', 0)}/{total} steps in {took:.0f}s"
+              + (f": {st['reason']}" if st.get("reason") else ""))  # fmt: skip
+    return 0 if rec.phase == "SUCCEEDED" else 1
 
 
 def _job_row(rec: Any) -> list[str]:

@@ -307,6 +307,8 @@ class Platform:
             str(ray_bin), "start", "--head", "--block",
             "--port", str(port), "--node-ip-address", "127.0.0.1",
             "--include-dashboard", "false", "--disable-usage-stats",
+            # logical CPUs for scheduling: small jobs oversubscribe a laptop-sized machine
+            "--num-cpus", str(max(os.cpu_count() or 1, 8)),
             "--temp-dir", str(self.ray_temp_dir()),
         ]  # fmt: skip
         proc = ManagedProcess.spawn("ray", argv, log_path, env=ray_env())

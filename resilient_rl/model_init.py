@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from tokenizers import pre_tokenizers
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 from resilient_rl.spec import TinyModelInit
 
@@ -48,37 +48,52 @@ def _read_marker(folder: Path) -> dict[str, Any] | None:
         return None
 
 
-def build_vocab(vocab_chars: str) -> dict[str, int]:
-    """Token -> id: the :data:`TOKENIZER_SPECIALS` first, then each character of ``vocab_chars`` in order.
+_BYTE_LEVEL = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
 
-    Raises ``ValueError`` when ``vocab_chars`` is empty or repeats a character (ids must be unambiguous).
+
+def _byte_level(ch: str) -> str:
+    # The ByteLevel pre-tokenizer's own mapping (GPT-2's bytes_to_unicode): " " -> "Ġ", "\n" -> "Ċ".
+    ((piece, _),) = _BYTE_LEVEL.pre_tokenize_str(ch)
+    return piece
+
+
+def build_vocab(vocab_chars: str) -> dict[str, int]:
+    """Token -> id: the :data:`TOKENIZER_SPECIALS` (ids 0..2), then one token per character of
+    ``vocab_chars`` in order (ids 3..). Tokens are byte-level spellings (a space is ``"Ġ"``).
+
+    Raises ``ValueError`` when ``vocab_chars`` is empty, repeats a character (ids must be
+    unambiguous) or holds a non-ASCII character (its UTF-8 bytes would be several tokens).
     """
     if not vocab_chars:
         raise ValueError("vocab_chars must hold at least one character")
     if len(set(vocab_chars)) != len(vocab_chars):
         dupes = sorted({c for c in vocab_chars if vocab_chars.count(c) > 1})
         raise ValueError(f"vocab_chars repeats characters: {dupes!r}")
-    return {tok: i for i, tok in enumerate([*TOKENIZER_SPECIALS, *vocab_chars])}
+    if not vocab_chars.isascii():
+        raise ValueError(f"vocab_chars must be ASCII, got {sorted(c for c in vocab_chars if not c.isascii())!r}")
+    return {tok: i for i, tok in enumerate([*TOKENIZER_SPECIALS, *map(_byte_level, vocab_chars)])}
 
 
-def build_tokenizer(vocab_chars: str) -> PreTrainedTokenizerFast:
+def build_tokenizer(vocab_chars: str) -> Qwen2Tokenizer:
     """A character-level fast tokenizer: every character is one token; decode concatenates, no spaces.
 
-    Characters outside ``vocab_chars`` encode to ``<unk>``. The special tokens are registered as
-    such, so the text ``"<eos>"`` encodes to the single eos id and ``skip_special_tokens`` drops them.
-    No post-processor: ``encode`` adds no bos/eos.
+    Why a Qwen2Tokenizer (a byte-level BPE with no merges) and not a WordLevel ``tokenizers``
+    pipeline: for ``model_type: qwen2`` folders, transformers 5's ``AutoTokenizer`` (and so vLLM)
+    ignores the pipeline in ``tokenizer.json`` and rebuilds a Qwen2Tokenizer from its vocab. A
+    WordLevel tokenizer would silently turn into one that drops spaces. Building the very class
+    every loader rebuilds makes the saved tokenizer and every reload tokenize identically.
+
+    Contract: ``encode`` adds no bos/eos; ``decode(encode(s)) == s`` for ``s`` over ``vocab_chars``
+    plus the special tokens (the text ``"<eos>"`` is the eos token). Characters outside
+    ``vocab_chars`` are dropped (Qwen2's BPE has no unknown token, so ``<unk>`` is never produced).
     """
-    tok = Tokenizer(models.WordLevel(build_vocab(vocab_chars), unk_token=UNK))
-    # Splitting on the empty string with "isolated" yields each character as its own piece.
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    # Without a decoder `tokenizers` joins tokens with spaces; Fuse concatenates them as-is.
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(list(TOKENIZER_SPECIALS))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token=PAD,
-        eos_token=EOS,
+    return Qwen2Tokenizer(
+        vocab=build_vocab(vocab_chars),
+        merges=[],
         unk_token=UNK,
+        eos_token=EOS,
+        pad_token=PAD,
+        bos_token=None,
         model_max_length=MAX_POSITIONS,
         clean_up_tokenization_spaces=False,
     )
@@ -106,7 +121,7 @@ def build_model(init: TinyModelInit, vocab_size: int, pad_id: int, eos_id: int) 
     # fork_rng: seeding must not disturb the caller's RNG stream (e.g. a trainer's sampling).
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init.seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = Qwen2ForCausalLM(config).float()  # float32 even if the caller changed the default dtype
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
     return model.eval()
 
@@ -177,8 +192,6 @@ def _refuse_existing(out: Path) -> None:
     if not out.is_dir():
         raise FileExistsError(f"{out}: exists and is not a folder")
     if _read_marker(out) is not None:
-        raise FileExistsError(
-            f"{out}: holds a tiny model made from other parameters; remove it or use another folder"
-        )
+        raise FileExistsError(f"{out}: holds a tiny model made from other parameters; remove it or use another folder")
     if any(out.iterdir()):
         raise FileExistsError(f"{out}: exists, is not empty and is not a model made by make_tiny_model")

@@ -63,7 +63,7 @@ def load_reward_fn(ref: str | None) -> RewardFn:
             raise TaskError(f"task.reward_fn: {module_name!r} has no attribute {attr_path!r}") from None
     if not callable(obj):
         raise TaskError(f"task.reward_fn: {ref!r} is not callable (got {type(obj).__name__})")
-    return obj  # type: ignore[return-value]
+    return obj
 
 
 def call_reward_fn(fn: RewardFn, prompt: str, completion: str, answer: str) -> RewardResult:

@@ -141,9 +141,8 @@ def test_arith_partial_reward() -> None:
 
 @pytest.mark.parametrize(("kind", "reward"), [("copy", "regex"), ("reverse", "function"), ("arith", "regex")])
 def test_unsupported_reward_for_builtin_kind(kind: str, reward: str) -> None:
-    spec = TaskSpec(kind=kind, reward=reward, reward_fn="tests.unit.reward_fns:length_ratio")  # type: ignore[arg-type]
-    with pytest.raises(TaskError, match="task.reward"):
-        make_task(spec, seed=0)
+    with pytest.raises(TaskError, match="task.reward: .* is not supported for kind"):
+        _task(kind=kind, reward=reward, reward_fn="tests.unit.reward_fns:length_ratio")
 
 
 # --- jsonl ------------------------------------------------------------------------------------------------------

@@ -1,0 +1,138 @@
+"""The durable rollout journal: one file per shard, one manifest per complete batch.
+
+Layout under the journal root::
+
+    step-00000012/shard-0003.json     a shard's trajectories (written by a rollout worker)
+    step-00000012/batch.json          the batch manifest: every shard's file + digest
+
+Every file is written atomically (temp file in the same folder, fsync,
+``os.replace``, fsync of the folder), so a reader sees either nothing or the
+whole file. A shard is referred to by :class:`ShardRef` (path + sha256 digest);
+readers verify the digest and raise :class:`JournalCorrupt` on mismatch, so
+unverified data is never trained on. A batch is complete once its manifest is
+written; the trainer reads batches by manifest, which is what makes replay
+after a trainer fault possible without regenerating anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+class JournalCorrupt(Exception):
+    """A journal file is missing, unreadable or does not match its digest."""
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """Where a shard lives and what it must hash to."""
+
+    step: int
+    shard: int
+    path: str
+    digest: str
+    samples: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Journal:
+    """The rollout journal of one job, rooted at a folder every worker can reach."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"step-{step:08d}"
+
+    def write_shard(self, step: int, shard: int, samples: list[dict[str, Any]], meta: dict[str, Any]) -> ShardRef:
+        """Durably write one shard; returns its reference. Rewriting a shard (a retry after a
+        fault) replaces it whole; the batch manifest decides which version counts."""
+        data = json.dumps({"step": step, "shard": shard, "meta": meta, "samples": samples}).encode()
+        path = self.step_dir(step) / f"shard-{shard:04d}.json"
+        atomic_write(path, data)
+        return ShardRef(step, shard, str(path), sha256(data), len(samples))
+
+    def read_shard(self, ref: ShardRef | dict[str, Any]) -> dict[str, Any]:
+        """Read and verify a shard. Raises :class:`JournalCorrupt`."""
+        r = ref if isinstance(ref, ShardRef) else ShardRef(**ref)
+        try:
+            data = Path(r.path).read_bytes()
+        except OSError as e:
+            raise JournalCorrupt(f"shard {r.path}: {e.strerror}") from None
+        if sha256(data) != r.digest:
+            raise JournalCorrupt(f"shard {r.path}: digest mismatch (file changed or corrupt)")
+        return dict(json.loads(data))
+
+    def commit_batch(self, step: int, refs: list[ShardRef], meta: dict[str, Any] | None = None) -> Path:
+        """Record batch ``step`` as complete (all its shards, in shard order)."""
+        refs = sorted(refs, key=lambda r: r.shard)
+        if [r.shard for r in refs] != list(range(len(refs))):
+            raise ValueError(f"batch {step}: shards {[r.shard for r in refs]} are not 0..n-1")
+        body = {"step": step, "shards": [r.to_dict() for r in refs], "meta": meta or {}}
+        path = self.step_dir(step) / "batch.json"
+        atomic_write(path, json.dumps(body).encode())
+        return path
+
+    def batch(self, step: int) -> list[ShardRef] | None:
+        """The shard references of a complete batch, or None if the batch is not complete."""
+        path = self.step_dir(step) / "batch.json"
+        try:
+            body = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise JournalCorrupt(f"batch manifest {path}: {e}") from None
+        return [ShardRef(**d) for d in body["shards"]]
+
+    def read_batch(self, step: int) -> list[dict[str, Any]]:
+        """Every sample of a complete batch, in (shard, position) order, digests verified."""
+        refs = self.batch(step)
+        if refs is None:
+            raise JournalCorrupt(f"batch {step} is not complete in {self.root}")
+        samples: list[dict[str, Any]] = []
+        for r in refs:
+            samples.extend(self.read_shard(r)["samples"])
+        return samples
+
+    def complete_steps(self) -> list[int]:
+        out = []
+        if self.root.exists():
+            for d in sorted(self.root.glob("step-*")):
+                if (d / "batch.json").exists():
+                    out.append(int(d.name.split("-")[1]))
+        return out

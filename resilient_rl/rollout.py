@@ -1,0 +1,127 @@
+"""The rollout worker: a Ray actor that generates shards and journals them.
+
+One actor per replica, named ``rrl:{job}:rollout:{index}`` (detached, so a
+controller crash does not kill it). Calls on an actor run one at a time, in
+the order they were sent: a weight load sent between two shards lands between
+them, so a shard is always generated under a single policy version.
+
+Generation is deterministic given ``(seed, step, prompt, sample)``: a shard
+regenerated on another worker after a fault has the same content.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any
+
+from checkpoints.journal import Journal, ShardRef
+from controller.membership import Registration
+from controller.store import Store
+
+from .engines import Sampling, make_engine
+from .sampler import sample_seed
+from .spec import JobSpec
+from .tasks import make_task
+
+log = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    """Generate shards of prompts with one policy version at a time (see module doc)."""
+
+    def __init__(self, job: str, index: int, spec_json: str, model_dir: str, workdir: str, etcd: str) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, int(os.environ.get("RRL_WORKER_THREADS", "1"))))
+        self.spec = JobSpec.model_validate_json(spec_json)
+        self.job, self.index = job, index
+        self.task = make_task(self.spec.task, self.spec.seed)
+        r = self.spec.rollout
+        self.sampling = Sampling(r.sampling.temperature, r.sampling.top_p, r.sampling.max_tokens)
+        self.journal = Journal(os.path.join(workdir, "journal"))
+        self.version = 0
+        self.store = Store(etcd, timeout=2.0, retry_window=30.0)
+        self.member = Registration(
+            self.store, job, "rollout", str(index), ttl=self.spec.fault.lease_ttl, version=0, engine=r.engine
+        )
+        t0 = time.monotonic()
+        self.engine = make_engine(r.engine, model_dir, self.spec.model.dtype, r.kv_cache_gib, self.spec.seed)
+        self.member.update(status="ready", engine_start_s=round(time.monotonic() - t0, 2))
+
+    def ready(self) -> dict[str, Any]:
+        """Called once after creation; returns when the engine is up."""
+        return {"version": self.version, "pid": os.getpid()}
+
+    def load_weights(self, version: int, state_dict: dict[str, Any]) -> int:
+        """Load policy ``version`` in place (between shards). Returns the loaded version."""
+        if version <= self.version and version != 0:
+            return self.version  # already have it (re-sent after a controller failover)
+        self.engine.load_weights(state_dict)
+        self.version = version
+        self.member.update(version=version)
+        return version
+
+    def generate_shard(self, step: int, shard: int, indices: list[int]) -> dict[str, Any]:
+        """Generate ``n`` samples for each prompt index, score them, journal the shard.
+
+        Returns the shard reference plus summary figures (never the trajectories:
+        those go to the journal). A reward function that raises gives that sample
+        reward 0 and is recorded in the sample (``reward_error``).
+        """
+        t0 = time.monotonic()
+        self.member.update(status="busy", step=step, shard=shard)
+        n = self.spec.rollout.sampling.n
+        examples = [self.task.example(i) for i in indices]
+        prompts, seeds, keys_ = [], [], []
+        for ex in examples:
+            for s in range(n):
+                prompts.append(ex.prompt)
+                seeds.append(sample_seed(self.spec.seed, step, ex.index, s))
+                keys_.append((ex, s))
+        outs = self.engine.generate(prompts, seeds, self.sampling)
+        samples = []
+        reward_errors = 0
+        tokens = 0
+        for (ex, s), c in zip(keys_, outs, strict=True):
+            rr = self.task.reward(ex, c.text)
+            reward_errors += rr.error is not None
+            tokens += len(c.token_ids)
+            samples.append(
+                {
+                    "prompt_index": ex.index,
+                    "sample": s,
+                    "prompt_ids": c.prompt_ids,
+                    "token_ids": c.token_ids,
+                    "logprobs": [x if math.isfinite(x) else None for x in c.logprobs],
+                    "text": c.text,
+                    "reward": rr.value,
+                    "reward_error": rr.error,
+                    "version": self.version,
+                }
+            )
+        secs = time.monotonic() - t0
+        meta = {"worker": self.index, "version": self.version, "seconds": secs}
+        ref: ShardRef = self.journal.write_shard(step, shard, samples, meta)
+        self.member.update(status="idle", shards_done=self.member.info.get("shards_done", 0) + 1)
+        rewards = [x["reward"] for x in samples]
+        return {
+            "ref": ref.to_dict(),
+            "version": self.version,
+            "reward_mean": sum(rewards) / len(rewards),
+            "reward_errors": reward_errors,
+            "tokens": tokens,
+            "seconds": secs,
+            "worker": self.index,
+        }
+
+    def greedy(self, prompts: list[str], max_tokens: int) -> list[list[int]]:
+        """Greedy token ids for ``prompts`` under the loaded weights (for equivalence checks)."""
+        outs = self.engine.generate(prompts, [0] * len(prompts), Sampling(0.0, 1.0, max_tokens))
+        return [c.token_ids for c in outs]
+
+    def shutdown(self) -> None:
+        """Leave membership (lease revoked) before the actor is killed."""
+        self.member.close()

@@ -1,0 +1,314 @@
+"""The job runner: the leader's step loop for one RL job (a ``JobDriver``).
+
+::
+
+    sampler(seed, k) ──▶ shards ──▶ RolloutWorker ×N ──(trajectories)──▶ journal/step-k/shard-*.json
+                                         ▲                                         │ batch.json (complete)
+                                         │ load_weights(v, ref)                    ▼
+                        object store ◀── rank 0 publishes v=k+1 ◀── TrainerRank ×M (DDP, GRPO on B_k)
+                                                                                   │
+                      etcd: state {step=k+1, policy_version=k+1}  ◀── fenced commit ┘
+
+The controller never holds tensors or trajectories: it passes shard
+references and object-store references. Rollouts for steps up to
+``policy_version + max_staleness`` are dispatched while the trainer trains, so
+with ``max_staleness: s`` generation runs up to s steps ahead.
+
+Runs in its own thread inside the leader controller process; every etcd
+write goes through the controller's fenced helpers, so a deposed leader's
+runner cannot commit anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from checkpoints.journal import Journal, ShardRef
+from controller.election import NotLeader
+from controller.jobs import JobRecord
+
+from .sampler import prompt_indices
+from .spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "rrl"
+
+
+def actor_name(job: str, group: str, index: int) -> str:
+    return f"rrl:{job}:{group}:{index}"
+
+
+def job_workdir(spec: JobSpec) -> Path:
+    from .local import rrl_home
+
+    return Path(spec.checkpoint.dir) if spec.checkpoint.dir else rrl_home() / "jobs" / spec.name
+
+
+class JobFailed(Exception):
+    """The job cannot go on; the message is the failure reason shown to the user."""
+
+
+class JobRunner:
+    """Drives one job from PENDING to a terminal phase (see module doc)."""
+
+    def __init__(self, controller: Any, rec: JobRecord, ray_address: str | None, etcd: str) -> None:
+        self.c = controller
+        self.job = rec.id
+        self.spec = JobSpec.model_validate(rec.spec)
+        self.ray_address = ray_address
+        self.etcd = etcd
+        self.workdir = job_workdir(self.spec)
+        self.journal = Journal(self.workdir / "journal")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
+        self._thread.start()
+
+    # -- JobDriver -----------------------------------------------------------
+
+    def reconcile(self, rec: JobRecord) -> dict[str, Any] | None:
+        return None  # the runner thread writes its own (fenced) state
+
+    def stop(self) -> None:
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+    # -- the loop --------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except NotLeader:
+            log.warning("job %s: no longer leader; the next leader takes over", self.job)
+        except JobFailed as e:
+            self._finish("FAILED", str(e))
+        except Exception as e:  # the job fails with the reason; the controller keeps running
+            log.exception("job %s failed", self.job)
+            self._finish("FAILED", f"{type(e).__name__}: {e}")
+
+    def _run(self) -> None:
+        state = self.c.read_state(self.job)
+        if state.get("step", 0) > 0:
+            raise JobFailed(
+                f"job {self.job} is at step {state['step']} but this version cannot resume a job "
+                "without checkpoints (restart from a snapshot lands with the checkpoint feature)"
+            )
+        self.c.update_state(self.job, phase="RUNNING", started_at=time.time())
+        self.c.event(self.job, "running", f"starting {self.spec.rollout.replicas} rollout / "
+                     f"{self.spec.trainer.replicas} trainer workers")  # fmt: skip
+        self._ray_init()
+        model_dir = self._ensure_model()
+        trainers = self._start_trainers(model_dir)
+        workers = self._start_rollouts(model_dir)
+        self._loop(workers, trainers)
+        if self._stop.is_set():
+            return
+        self._shutdown(workers + trainers)
+        self._finish("SUCCEEDED", None)
+
+    def _loop(self, workers: list[Any], trainers: list[Any]) -> None:
+        import ray
+
+        spec, s = self.spec, self.spec.async_.max_staleness
+        k, version, planned = 0, 0, -1
+        queue: deque[tuple[int, int, list[int]]] = deque()
+        inflight: dict[Any, tuple[int, int, int]] = {}  # ref -> (step, shard, worker)
+        done: dict[int, dict[int, dict[str, Any]]] = {}
+        train_refs: list[Any] = []
+        idle = set(range(len(workers)))
+        t_step = time.monotonic()
+        while k < spec.steps and not self._stop.is_set():
+            while planned + 1 < spec.steps and planned + 1 <= version + s:
+                planned += 1
+                queue.extend((planned, i, idx) for i, idx in enumerate(self._shards(planned)))
+            while queue and idle:
+                w = idle.pop()
+                step, shard, idx = queue.popleft()
+                inflight[workers[w].generate_shard.remote(step, shard, idx)] = (step, shard, w)
+            ready, _ = ray.wait([*inflight, *train_refs], num_returns=1, timeout=1.0)
+            if not ready:
+                continue
+            if train_refs and ray.wait(train_refs, num_returns=len(train_refs), timeout=0)[1] == []:
+                results = ray.get(train_refs)  # raises StepRejected / actor errors
+                train_refs = []
+                metrics = self._commit(k, results[0], done.pop(k), time.monotonic() - t_step)
+                version = k = k + 1
+                for wk in workers:  # in order: every later shard on a worker uses >= this version
+                    wk.load_weights.remote(version, results[0]["weights"])
+                t_step = time.monotonic()
+                log.info("job %s step %d committed: reward %.3f", self.job, k - 1, metrics["reward"])
+            for ref in [r for r in ready if r in inflight]:
+                step, shard, w = inflight.pop(ref)
+                idle.add(w)
+                done.setdefault(step, {})[shard] = ray.get(ref)
+                if len(done[step]) == self._num_shards():
+                    refs = [ShardRef(**done[step][i]["ref"]) for i in range(self._num_shards())]
+                    self.journal.commit_batch(step, refs, {"versions": [done[step][i]["version"] for i in done[step]]})
+            if not train_refs and k in done and len(done[k]) == self._num_shards():
+                self._check_staleness(k, done[k])
+                train_refs = [t.train_step.remote(k) for t in trainers]
+
+    def _commit(self, k: int, r0: dict[str, Any], shards: dict[int, dict[str, Any]], secs: float) -> dict[str, Any]:
+        """Commit step k in etcd (fenced; refuses a double apply), then record metrics."""
+        tokens = sum(x["tokens"] for x in shards.values())
+        metrics = {
+            "step": k,
+            "reward": r0["reward_mean"],
+            "loss": r0["loss"],
+            "tokens": tokens,
+            "step_seconds": round(secs, 3),
+            "tokens_per_s": round(tokens / secs, 1) if secs > 0 else None,
+            "reward_errors": sum(x["reward_errors"] for x in shards.values()),
+            "versions": sorted({x["version"] for x in shards.values()}),
+        }
+
+        def expect(cur: dict[str, Any]) -> None:
+            if cur.get("step") != k:
+                raise JobFailed(f"refusing to commit step {k}: etcd says the job is at step {cur.get('step')}")
+
+        self.c.update_state(
+            self.job,
+            expect=expect,
+            step=k + 1,
+            policy_version=k + 1,
+            reward=metrics["reward"],
+            tokens_per_s=metrics["tokens_per_s"],
+            step_seconds=metrics["step_seconds"],
+        )
+        with open(self.workdir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({**metrics, "time": time.time()}) + "\n")
+        return metrics
+
+    def _check_staleness(self, k: int, shards: dict[int, dict[str, Any]]) -> None:
+        oldest = min(x["version"] for x in shards.values())
+        if oldest < k - self.spec.async_.max_staleness:
+            raise JobFailed(f"step {k}: a shard was generated by policy v{oldest}, beyond max_staleness")
+
+    # -- helpers -------------------------------------------------------------
+
+    def _num_shards(self) -> int:
+        return min(self.spec.prompts_per_step, self.spec.rollout.shards_per_step or self.spec.rollout.replicas)
+
+    def _shards(self, step: int) -> list[list[int]]:
+        """The prompt indices of step ``step``, split into contiguous shards (whole prompt groups)."""
+        from .tasks import make_task
+
+        if not hasattr(self, "_task_len"):
+            self._task_len = len(make_task(self.spec.task, self.spec.seed))
+        idx = prompt_indices(self.spec.seed, step, self.spec.prompts_per_step, self._task_len)
+        n = self._num_shards()
+        bounds = [round(i * len(idx) / n) for i in range(n + 1)]
+        return [idx[bounds[i] : bounds[i + 1]] for i in range(n)]
+
+    def _ray_init(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=self.ray_address, namespace=NAMESPACE, log_to_driver=False)
+
+    def _ensure_model(self) -> str:
+        import ray
+
+        if self.spec.model.path:
+            return self.spec.model.path
+        from .model_init import make_tiny_model
+        from .tasks import VOCAB_CHARS
+
+        out = str(self.workdir / "model")
+        mk = ray.remote(num_cpus=0.1)(make_tiny_model)
+        return str(ray.get(mk.remote(out, self.spec.model.init, VOCAB_CHARS)))
+
+    def _env(self) -> dict[str, Any]:
+        return {
+            "env_vars": {
+                "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(self.spec.rollout.kv_cache_gib))),
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "HF_HUB_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+            }
+        }
+
+    def _start_rollouts(self, model_dir: str) -> list[Any]:
+        import ray
+
+        from .rollout import RolloutWorker
+
+        cls = ray.remote(RolloutWorker)
+        r = self.spec.rollout
+        workers = [
+            cls.options(
+                name=actor_name(self.job, "rollout", i), namespace=NAMESPACE, lifetime="detached",
+                get_if_exists=True, num_cpus=r.num_cpus, num_gpus=r.num_gpus, runtime_env=self._env(),
+            ).remote(self.job, i, self.spec.to_json(), model_dir, str(self.workdir), self.etcd)
+            for i in range(r.replicas)
+        ]  # fmt: skip
+        ray.get([w.ready.remote() for w in workers])
+        return workers
+
+    def _start_trainers(self, model_dir: str) -> list[Any]:
+        import ray
+
+        from .trainer import TrainerRank
+
+        cls = ray.remote(TrainerRank)
+        t = self.spec.trainer
+        ranks = [
+            cls.options(
+                name=actor_name(self.job, "trainer", i), namespace=NAMESPACE, lifetime="detached",
+                get_if_exists=True, num_cpus=t.num_cpus, num_gpus=t.num_gpus, runtime_env=self._env(),
+            ).remote(self.job, i, t.replicas, self.spec.to_json(), model_dir, str(self.workdir), self.etcd)
+            for i in range(t.replicas)
+        ]  # fmt: skip
+        master = ray.get(ranks[0].address.remote())
+        ray.get([r.setup.remote(master) for r in ranks])
+        return ranks
+
+    def _shutdown(self, actors: list[Any]) -> None:
+        import ray
+
+        for a in actors:
+            try:
+                ray.get(a.shutdown.remote(), timeout=10)
+            except Exception as e:  # best effort: the actor is killed next anyway
+                log.info("shutdown call failed: %s", e)
+            ray.kill(a)
+
+    def _finish(self, phase: str, reason: str | None) -> None:
+        try:
+            self.c.update_state(self.job, phase=phase, reason=reason, finished_at=time.time())
+            self.c.event(self.job, phase.lower(), reason or f"job {phase.lower()}")
+        except NotLeader:
+            log.warning("job %s: could not record %s, no longer leader", self.job, phase)
+        if phase == "FAILED":
+            try:
+                import ray
+
+                if ray.is_initialized():
+                    for g, n in (("rollout", self.spec.rollout.replicas), ("trainer", self.spec.trainer.replicas)):
+                        for i in range(n):
+                            try:
+                                ray.kill(ray.get_actor(actor_name(self.job, g, i), namespace=NAMESPACE))
+                            except ValueError:
+                                pass
+            except Exception as e:  # cleanup only
+                log.info("cleanup after failure: %s", e)
+
+
+def runner_factory(ray_address: str | None, etcd: str) -> Any:
+    """The ``driver_factory`` the controller uses for RL jobs."""
+
+    def make(controller: Any, rec: JobRecord) -> JobRunner:
+        return JobRunner(controller, rec, ray_address, etcd)
+
+    return make
+
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
