@@ -217,8 +217,13 @@ class JobRunner:
     def _ensure_model(self) -> str:
         import ray
 
-        if self.spec.model.path:
-            return self.spec.model.path
+        path = self.spec.model.path
+        if path:
+            # a path-looking value must be a model folder; anything else is a Hugging Face id
+            local = path.startswith(("/", ".", "~")) or Path(path).exists()
+            if local and not (Path(path).expanduser() / "config.json").exists():
+                raise JobFailed(f"model.path: {path} is not a model folder (no config.json there)")
+            return str(Path(path).expanduser()) if local else path
         from .model_init import make_tiny_model
         from .tasks import VOCAB_CHARS
 
