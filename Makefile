@@ -36,10 +36,8 @@ test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 demo: setup
-	$(RRL) up
-	$(RRL) submit examples/copy-tiny.yaml --name copy-tiny-$$(date +%s)
-	sleep 3
-	$(RRL) status
+	$(RRL) run examples/copy-tiny.yaml --name demo-$$(date +%Y%m%d-%H%M%S)
+	@echo "the local platform is still up: \`$(RRL) status\` to look around, \`make down\` to stop it"
 
 down:
 	-$(RRL) down

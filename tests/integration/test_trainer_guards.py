@@ -1,0 +1,45 @@
+"""Trainer guards: a non-finite loss rejects the step and leaves the weights untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from checkpoints.journal import Journal
+from resilient_rl.local import free_port
+from resilient_rl.model_init import make_tiny_model
+from resilient_rl.spec import parse_spec
+from resilient_rl.tasks import VOCAB_CHARS
+from resilient_rl.trainer import StepRejected, TrainerRank
+from tests.conftest import EtcdServer
+
+
+def _samples(rewards: list[float]) -> list[dict]:
+    return [
+        {"prompt_index": 0, "sample": i, "prompt_ids": [3, 4, 5], "token_ids": [6, 7, 1], "reward": r, "version": 0}
+        for i, r in enumerate(rewards)
+    ]
+
+
+def test_nan_loss_rejects_step_without_applying_it(tmp_path: Path, etcd: EtcdServer) -> None:
+    spec = parse_spec({"name": "guard", "model": {"init": {}}, "prompts_per_step": 1,
+                       "rollout": {"sampling": {"n": 4}}})  # fmt: skip
+    model_dir = make_tiny_model(tmp_path / "model", spec.model.init, VOCAB_CHARS)
+    journal = Journal(tmp_path / "journal")
+    journal.commit_batch(0, [journal.write_shard(0, 0, _samples([0.0, 1.0, 0.5, float("nan")]), {})])
+    journal.commit_batch(1, [journal.write_shard(1, 0, _samples([0.0, 1.0, 0.5, 0.25]), {})])
+    rank = TrainerRank("guard", 0, 1, spec.to_json(), str(model_dir), str(tmp_path), etcd.endpoint)
+    try:
+        rank.setup(("127.0.0.1", free_port()))
+        before = rank.digest()
+        with pytest.raises(StepRejected, match="step 0: non-finite"):
+            rank.train_step(0, publish=False)
+        assert rank.digest() == before and rank.step == 0  # nothing applied
+        # a clean batch afterwards trains normally (the guard does not poison the rank)
+        rank.journal = journal
+        rank.step = 1
+        out = rank.train_step(1, publish=False)
+        assert out["step"] == 1 and rank.digest() != before
+    finally:
+        rank.shutdown()
