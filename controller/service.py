@@ -35,13 +35,15 @@ class JobDriver(Protocol):
     record; it does a bounded amount of work and returns state fields to merge
     (or None). A driver may also write through the controller's fenced
     ``update_state`` / ``event`` from its own thread. ``stop`` releases what the
-    driver holds (called when leadership is lost, the job ends or is cancelled)
-    and must not return before the driver has stopped writing.
+    driver holds and must not return before the driver has stopped writing:
+    ``final=False`` when leadership is lost or the controller stops (the
+    workers keep running for the next leader to adopt), ``final=True`` when the
+    job ended or was cancelled (the workers are stopped too).
     """
 
     def reconcile(self, record: jobs.JobRecord) -> dict[str, Any] | None: ...
 
-    def stop(self) -> None: ...
+    def stop(self, final: bool) -> None: ...
 
 
 class Controller:
@@ -96,7 +98,7 @@ class Controller:
 
     def _release(self) -> None:
         for d in self.drivers.values():
-            d.stop()
+            d.stop(final=False)
         self.drivers.clear()
         if self._lease is not None:
             self._lease.revoke()
@@ -118,7 +120,7 @@ class Controller:
         finally:
             # whoever leads next re-adopts the jobs; our drivers must not act any more
             for d in self.drivers.values():
-                d.stop()
+                d.stop(final=False)
             self.drivers.clear()
         if not self._stop.is_set():
             log.warning("controller %s is no longer leader", self.id)
@@ -177,7 +179,7 @@ class Controller:
     def _drop_driver(self, job: str) -> None:
         d = self.drivers.pop(job, None)
         if d is not None:
-            d.stop()
+            d.stop(final=True)
 
 
 def controllers(store: Store) -> list[dict[str, Any]]:

@@ -76,10 +76,13 @@ class JobRunner:
     def reconcile(self, rec: JobRecord) -> dict[str, Any] | None:
         return None  # the runner thread writes its own (fenced) state
 
-    def stop(self) -> None:
+    def stop(self, final: bool) -> None:
+        """Stop the loop; with ``final`` also stop the job's workers (cancel, job ended)."""
         self._stop.set()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
+        if final:
+            self._kill_workers()
 
     # -- the loop --------------------------------------------------------------
 
@@ -92,7 +95,7 @@ class JobRunner:
             self._finish("FAILED", str(e))
         except Exception as e:  # the job fails with the reason; the controller keeps running
             log.exception("job %s failed", self.job)
-            self._finish("FAILED", f"{type(e).__name__}: {e}")
+            self._finish("FAILED", _reason(e))
 
     def _run(self) -> None:
         state = self.c.read_state(self.job)
@@ -111,7 +114,7 @@ class JobRunner:
         self._loop(workers, trainers)
         if self._stop.is_set():
             return
-        self._shutdown(workers + trainers)
+        self._kill_workers()
         self._finish("SUCCEEDED", None)
 
     def _loop(self, workers: list[Any], trainers: list[Any]) -> None:
@@ -276,16 +279,6 @@ class JobRunner:
         ray.get([r.setup.remote(master) for r in ranks])
         return ranks
 
-    def _shutdown(self, actors: list[Any]) -> None:
-        import ray
-
-        for a in actors:
-            try:
-                ray.get(a.shutdown.remote(), timeout=10)
-            except Exception as e:  # best effort: the actor is killed next anyway
-                log.info("shutdown call failed: %s", e)
-            ray.kill(a)
-
     def _finish(self, phase: str, reason: str | None) -> None:
         try:
             self.c.update_state(self.job, phase=phase, reason=reason, finished_at=time.time())
@@ -293,18 +286,33 @@ class JobRunner:
         except NotLeader:
             log.warning("job %s: could not record %s, no longer leader", self.job, phase)
         if phase == "FAILED":
-            try:
-                import ray
+            self._kill_workers()
 
-                if ray.is_initialized():
-                    for g, n in (("rollout", self.spec.rollout.replicas), ("trainer", self.spec.trainer.replicas)):
-                        for i in range(n):
-                            try:
-                                ray.kill(ray.get_actor(actor_name(self.job, g, i), namespace=NAMESPACE))
-                            except ValueError:
-                                pass
-            except Exception as e:  # cleanup only
-                log.info("cleanup after failure: %s", e)
+    def _kill_workers(self) -> None:
+        """Kill every worker actor of this job that still exists (by name)."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for g, n in (("rollout", self.spec.rollout.replicas), ("trainer", self.spec.trainer.replicas)):
+            for i in range(n):
+                try:
+                    actor = ray.get_actor(actor_name(self.job, g, i), namespace=NAMESPACE)
+                except ValueError:
+                    continue  # not there (never started, or already gone)
+                try:
+                    ray.get(actor.shutdown.remote(), timeout=5)  # leave membership at once
+                except Exception as e:  # the kill below is what matters
+                    log.info("shutdown of %s/%d failed: %s", g, i, e)
+                ray.kill(actor)
+
+
+def _reason(e: BaseException) -> str:
+    """A one-line failure reason: the worker's own exception, not Ray's wrapper and traceback."""
+    cause = getattr(e, "cause", None)  # ray.exceptions.RayTaskError carries the original exception
+    if isinstance(cause, BaseException):
+        e = cause
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
 def runner_factory(ray_address: str | None, etcd: str) -> Any:

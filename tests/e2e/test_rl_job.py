@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,24 @@ def test_missing_model_path_fails_job_with_clear_reason(platform: LivePlatform, 
     rec = platform.wait(platform.submit(spec), timeout=120)
     assert rec.phase == "FAILED"
     assert "model.path" in rec.state["reason"] and "no-such-model" in rec.state["reason"]
+
+
+def test_cancel_running_job_stops_its_workers(platform: LivePlatform, tmp_path: Path) -> None:
+    from controller import jobs
+
+    job = platform.submit(_spec("e2e-cancel", tmp_path / "w", trainer={"replicas": 1}, steps=10_000))
+    deadline = time.monotonic() + 300
+    while jobs.get(platform.store, job).state.get("step", 0) < 2:
+        assert time.monotonic() < deadline, "job did not start stepping"
+        time.sleep(0.5)
+    jobs.cancel(platform.store, job)
+    rec = platform.wait(job, timeout=120)
+    assert rec.phase == "CANCELLED" and rec.state["reason"] == "cancelled by user"
+    step_at_cancel = rec.state["step"]
+    ray = platform.ray()
+    for name in ("rrl:e2e-cancel:rollout:0", "rrl:e2e-cancel:trainer:0"):
+        with pytest.raises(ValueError):
+            ray.get_actor(name, namespace="rrl")
+    assert platform.store.range(keys.members(job))[0] == []
+    time.sleep(2)
+    assert jobs.get(platform.store, job).state["step"] == step_at_cancel  # nothing commits after CANCELLED

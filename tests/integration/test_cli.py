@@ -43,7 +43,7 @@ def test_submit_valid_then_status_and_cancel(etcd: EtcdServer, rrl_home: Path) -
     assert r.returncode == 0, r.stderr
     rec = json.loads(r.stdout)
     assert rec["id"] == "copy-tiny" and rec["phase"] == "PENDING"
-    assert rec["spec"]["steps"] == 200 and rec["desired"]["rollout"] == 1 and rec["desired"]["trainer"] == 2
+    assert rec["spec"]["steps"] == 600 and rec["desired"]["rollout"] == 1 and rec["desired"]["trainer"] == 2
     r = run_rrl("status", "--etcd", etcd.endpoint)
     assert "copy-tiny" in r.stdout and "PENDING" in r.stdout
     r = run_rrl("list", "--etcd", etcd.endpoint, "-o", "json")
