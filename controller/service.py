@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from . import jobs, keys
 from .election import Election, NotLeader
 from .events import EventLog
-from .store import Compare, EtcdError, KeptLease, Put, Store
+from .store import Compare, Delete, EtcdError, KeptLease, Put, Store
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,20 @@ class Controller:
             if self.election.fenced_txn([guard], success=[Put(key, json.dumps(new))]).succeeded:
                 return new
         raise RuntimeError(f"state of {job} kept changing under us")
+
+    def record_checkpoint(self, job: str, step: int, info: dict[str, Any]) -> None:
+        """Make a durable snapshot visible: its record and ``state.checkpoint`` (fenced)."""
+        self.election.fenced_txn(success=[Put(keys.checkpoint(job, step), json.dumps({**info, "step": step}))])
+        self.update_state(job, checkpoint=step)
+
+    def forget_checkpoint(self, job: str, step: int) -> None:
+        """Drop a snapshot's record (retention); its files are collected afterwards."""
+        self.election.fenced_txn(success=[Delete(keys.checkpoint(job, step))])
+
+    def checkpoints(self, job: str) -> list[dict[str, Any]]:
+        """Committed snapshot records of a job, oldest first."""
+        kvs, _ = self.store.range(keys.checkpoints(job))
+        return [json.loads(kv.value) for kv in kvs]
 
     def reconcile(self, rec: jobs.JobRecord, *, leader_changed: bool = False) -> None:
         """Move one job toward its desired state (one bounded pass)."""

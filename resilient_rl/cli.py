@@ -394,6 +394,74 @@ def events(
         time.sleep(1.0)
 
 
+@app.command()
+def checkpoints(
+    job: Annotated[str, typer.Argument(help="Job id.")], output: OutputOpt = "table", etcd: EtcdOpt = None
+) -> None:
+    """List a job's committed snapshots (step, size, blocking and total seconds, status)."""
+    from controller import jobs
+
+    _check_output(output)
+    rec = _guard(jobs.get, _store(etcd), job)
+    if output == "json":
+        out.print_json(json.dumps(rec.checkpoints))
+        return
+    if not rec.checkpoints:
+        out.print(f"{job}: no committed snapshots yet (one every {rec.spec.get('checkpoint', {}).get('every')} steps)")
+        return
+    t = Table(box=None, header_style="bold")
+    for col in ("STEP", "SIZE", "BLOCKING S", "TOTAL S", "STATUS", "PATH"):
+        t.add_column(col)
+    current = rec.state.get("checkpoint")
+    for c in sorted(rec.checkpoints, key=lambda c: c["step"]):
+        status = "committed, latest" if c["step"] == current else "committed"
+        t.add_row(str(c["step"]), f"{c.get('bytes', 0) / 1e6:.1f} MB", f"{c.get('blocking_s', 0):.3f}",
+                  f"{c.get('seconds', 0):.2f}", status, c.get("uri", ""))  # fmt: skip
+    out.print(t)
+
+
+@app.command()
+def verify(
+    job: Annotated[str, typer.Argument(help="Job id (a SUCCEEDED job).")],
+    etcd: EtcdOpt = None,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", envvar="RAY_ADDRESS")] = None,
+) -> None:
+    """Replay the committed journal from the initial weights in a fresh trainer; compare the
+    final weights with the job's. Prints match / mismatch; exits 1 on mismatch."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from controller import jobs
+
+    from .local import Platform
+    from .spec import JobSpec
+
+    store = _store(etcd)
+    rec = _guard(jobs.get, store, job)
+    expected = rec.state.get("weights_digest")
+    if not expected:
+        fail(f"{job} has no final weight digest (phase {rec.phase}); verify runs on a SUCCEEDED job")
+    spec = JobSpec.model_validate(rec.spec)
+    steps = int(rec.state["step"])
+    ray_addr = ray_address or Platform().load().get("ray")
+    from .verify import replay_digest
+
+    with Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), console=out) as bar:
+        task = bar.add_task("replay", total=steps)
+        try:
+            actual = replay_digest(
+                spec, steps, ray_addr, ",".join(store.endpoints), lambda n: bar.update(task, completed=n)
+            )
+        except Exception as e:  # a corrupt or missing journal file is a verification failure, said plainly
+            cause = getattr(e, "cause", e)
+            out.print(f"[red]mismatch[/]: replay failed: {type(cause).__name__}: {str(cause).strip().splitlines()[0]}")
+            raise typer.Exit(1) from None
+    if actual == expected:
+        out.print(f"[green]match[/]: {steps} steps replayed, weights {actual[:16]}")
+        return
+    out.print(f"[red]mismatch[/]: replay gives {actual[:16]}, the job recorded {expected[:16]}")
+    raise typer.Exit(1)
+
+
 def main() -> None:
     # Ray (started by our controllers) must bind loopback only; see docs/architecture.md
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

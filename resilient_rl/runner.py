@@ -34,6 +34,7 @@ from checkpoints.journal import Journal, ShardRef
 from controller.election import NotLeader
 from controller.jobs import JobRecord
 
+from .checkpointing import SnapshotFlow, choose_restore
 from .sampler import prompt_indices
 from .spec import JobSpec
 
@@ -98,30 +99,53 @@ class JobRunner:
             self._finish("FAILED", _reason(e))
 
     def _run(self) -> None:
+        import ray
+
         state = self.c.read_state(self.job)
-        if state.get("step", 0) > 0:
-            raise JobFailed(
-                f"job {self.job} is at step {state['step']} but this version cannot resume a job "
-                "without checkpoints (restart from a snapshot lands with the checkpoint feature)"
-            )
-        self.c.update_state(self.job, phase="RUNNING", started_at=time.time())
-        self.c.event(self.job, "running", f"starting {self.spec.rollout.replicas} rollout / "
-                     f"{self.spec.trainer.replicas} trainer workers")  # fmt: skip
+        k = int(state.get("step", 0))
+        self.c.update_state(self.job, phase="RUNNING", started_at=state.get("started_at") or time.time())
+        self.c.event(self.job, "running", f"{'resuming at step ' + str(k) if k else 'starting'}: "
+                     f"{self.spec.rollout.replicas} rollout / {self.spec.trainer.replicas} trainer workers")  # fmt: skip
         self._ray_init()
+        # workers of an earlier leader or run are not adopted yet: start from a clean slate
+        # (state lives in etcd, the journal and the snapshots, never only in a worker)
+        self._kill_workers()
         model_dir = self._ensure_model()
-        trainers = self._start_trainers(model_dir)
+        restore, s = choose_restore(self, k)
+        trainers = self._start_trainers(model_dir, restore)
+        weights = self._replay(trainers, s, k)
         workers = self._start_rollouts(model_dir)
-        self._loop(workers, trainers)
+        if weights is not None:
+            for w in workers:
+                w.load_weights.remote(k, weights)
+        snaps = SnapshotFlow(self, trainers)
+        self._loop(workers, trainers, snaps, k)
         if self._stop.is_set():
             return
+        snaps.poll(block=True)
+        self.c.update_state(self.job, weights_digest=ray.get(trainers[0].digest.remote()))
         self._kill_workers()
         self._finish("SUCCEEDED", None)
 
-    def _loop(self, workers: list[Any], trainers: list[Any]) -> None:
+    def _replay(self, trainers: list[Any], s: int, k: int) -> Any:
+        """Bring restored trainers from step ``s`` to the committed step ``k`` by training on the
+        journaled batches s..k-1 (never regenerated). Returns the weights of version k (None at 0)."""
+        import ray
+
+        if k == 0:
+            return None
+        if s < k:
+            self.c.event(self.job, "replay", f"replaying steps {s}..{k - 1} from the journal", first=s, last=k - 1)
+        out = None
+        for j in range(s, k):
+            out = ray.get([t.train_step.remote(j, j == k - 1) for t in trainers])[0]
+        return out["weights"] if out is not None else ray.get(trainers[0].publish.remote())["weights"]
+
+    def _loop(self, workers: list[Any], trainers: list[Any], snaps: SnapshotFlow, k: int) -> None:
         import ray
 
         spec, s = self.spec, self.spec.async_.max_staleness
-        k, version, planned = 0, 0, -1
+        version, planned = k, k - 1
         queue: deque[tuple[int, int, list[int]]] = deque()
         inflight: dict[Any, tuple[int, int, int]] = {}  # ref -> (step, shard, worker)
         done: dict[int, dict[int, dict[str, Any]]] = {}
@@ -131,14 +155,20 @@ class JobRunner:
         while k < spec.steps and not self._stop.is_set():
             while planned + 1 < spec.steps and planned + 1 <= version + s:
                 planned += 1
-                queue.extend((planned, i, idx) for i, idx in enumerate(self._shards(planned)))
+                journaled = self._journaled(planned)  # complete before a restart: reuse, never regenerate
+                if journaled is not None:
+                    done[planned] = journaled
+                else:
+                    queue.extend((planned, i, idx) for i, idx in enumerate(self._shards(planned)))
             while queue and idle:
                 w = idle.pop()
                 step, shard, idx = queue.popleft()
                 inflight[workers[w].generate_shard.remote(step, shard, idx)] = (step, shard, w)
-            ready, _ = ray.wait([*inflight, *train_refs], num_returns=1, timeout=1.0)
-            if not ready:
-                continue
+            if not train_refs and k in done and len(done[k]) == self._num_shards():
+                self._check_staleness(k, done[k])
+                train_refs = [t.train_step.remote(k) for t in trainers]
+            ready, _ = ray.wait([*inflight, *train_refs, *snaps.waits], num_returns=1, timeout=1.0)
+            snaps.poll()
             if train_refs and ray.wait(train_refs, num_returns=len(train_refs), timeout=0)[1] == []:
                 results = ray.get(train_refs)  # raises StepRejected / actor errors
                 train_refs = []
@@ -146,6 +176,7 @@ class JobRunner:
                 version = k = k + 1
                 for wk in workers:  # in order: every later shard on a worker uses >= this version
                     wk.load_weights.remote(version, results[0]["weights"])
+                snaps.maybe_start(k)
                 t_step = time.monotonic()
                 log.info("job %s step %d committed: reward %.3f", self.job, k - 1, metrics["reward"])
             for ref in [r for r in ready if r in inflight]:
@@ -154,10 +185,24 @@ class JobRunner:
                 done.setdefault(step, {})[shard] = ray.get(ref)
                 if len(done[step]) == self._num_shards():
                     refs = [ShardRef(**done[step][i]["ref"]) for i in range(self._num_shards())]
-                    self.journal.commit_batch(step, refs, {"versions": [done[step][i]["version"] for i in done[step]]})
-            if not train_refs and k in done and len(done[k]) == self._num_shards():
-                self._check_staleness(k, done[k])
-                train_refs = [t.train_step.remote(k) for t in trainers]
+                    self.journal.commit_batch(step, refs)
+
+    def _journaled(self, step: int) -> dict[int, dict[str, Any]] | None:
+        """Shard summaries of a batch already complete in the journal, else None."""
+        refs = self.journal.batch(step)
+        if refs is None or len(refs) != self._num_shards():
+            return None
+        out = {}
+        for r in refs:
+            body = self.journal.read_shard(r)
+            samples = body["samples"]
+            out[r.shard] = {
+                "ref": r.to_dict(),
+                "version": body["meta"]["version"],
+                "tokens": sum(len(x["token_ids"]) for x in samples),
+                "reward_errors": sum(x["reward_error"] is not None for x in samples),
+            }
+        return out
 
     def _commit(self, k: int, r0: dict[str, Any], shards: dict[int, dict[str, Any]], secs: float) -> dict[str, Any]:
         """Commit step k in etcd (fenced; refuses a double apply), then record metrics."""
@@ -261,12 +306,13 @@ class JobRunner:
         ray.get([w.ready.remote() for w in workers])
         return workers
 
-    def _start_trainers(self, model_dir: str) -> list[Any]:
+    def _start_trainers(self, model_dir: str, restore: str | None) -> list[Any]:
         import ray
 
         from .trainer import TrainerRank
 
-        cls = ray.remote(TrainerRank)
+        # "io": waiting for a snapshot write runs beside training (see checkpointing.py)
+        cls = ray.remote(concurrency_groups={"io": 1})(TrainerRank)
         t = self.spec.trainer
         ranks = [
             cls.options(
@@ -276,7 +322,7 @@ class JobRunner:
             for i in range(t.replicas)
         ]  # fmt: skip
         master = ray.get(ranks[0].address.remote())
-        ray.get([r.setup.remote(master) for r in ranks])
+        ray.get([r.setup.remote(master, restore) for r in ranks])
         return ranks
 
     def _finish(self, phase: str, reason: str | None) -> None:

@@ -13,17 +13,24 @@ flag): no optimizer step is applied and the caller is told why.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import logging
 import os
 import socket
+import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 
-from checkpoints.journal import Journal
+from checkpoints.backends import PendingSnapshot, SnapshotError, apply_training_state, make_backend, training_state
+from checkpoints.journal import Journal, atomic_write
+from checkpoints.snapshots import snapshot_dir, write_manifest
 from controller.membership import Registration
 from controller.store import Store
 
@@ -76,6 +83,8 @@ class TrainerRank:
         self.member = Registration(self.store, job, "trainer", str(rank), ttl=self.spec.fault.lease_ttl, world=world)
         self.step = 0
         self.model: Any = None
+        self.backend = make_backend(self.spec.checkpoint.backend)
+        self._pending: tuple[PendingSnapshot, Path, int, float] | None = None
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group (called on rank 0 only)."""
@@ -84,8 +93,9 @@ class TrainerRank:
             port = s.getsockname()[1]
         return "127.0.0.1", port
 
-    def setup(self, master: tuple[str, int], step: int = 0) -> dict[str, Any]:
-        """Join the process group, load the initial model and build DDP + optimizer."""
+    def setup(self, master: tuple[str, int], restore: str | None = None) -> dict[str, Any]:
+        """Join the process group, load the initial model, build DDP + optimizer and, with
+        ``restore``, load a committed (verified) snapshot: every rank calls it (collective)."""
         from transformers import AutoModelForCausalLM
 
         backend = self.spec.trainer.backend
@@ -116,9 +126,66 @@ class TrainerRank:
             )
             self.ref_model.eval()
         self.pad = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
-        self.step = step
-        self.member.update(status="ready", step=step)
-        return {"rank": self.rank, "digest": self.digest() if self.rank == 0 else None}
+        self.step = 0
+        if restore is not None:
+            self._restore(Path(restore))
+        self.member.update(status="ready", step=self.step)
+        return {"rank": self.rank, "step": self.step, "digest": self.digest() if self.rank == 0 else None}
+
+    def _restore(self, path: Path) -> None:
+        state = training_state(self.module, self.opt)
+        self.backend.load(state, path)  # reshards: the snapshot may come from another world size
+        apply_training_state(self.module, self.opt, state)
+        self.step = int(state["extra"]["step"])
+        rng = path / f"rng-rank{self.rank}.pt"
+        if not rng.exists():
+            rng = path / "rng-rank0.pt"  # a different world size: ranks share rank 0's stream
+        torch.set_rng_state(torch.load(rng, weights_only=True))
+
+    # -- snapshots (see checkpoints/) ------------------------------------------
+
+    def snapshot(self, root: str) -> dict[str, Any]:
+        """Start an async snapshot of the state after ``self.step`` steps (collective, at a
+        step boundary). Returns once the state is staged; the write goes on in the
+        background and :meth:`wait_snapshot` reports its outcome."""
+        if self._pending is not None:
+            raise RuntimeError("a snapshot is already in flight")
+        path = snapshot_dir(root, self.step)
+        t0 = time.monotonic()
+        extra = {"step": self.step, "world": self.world, "spec_digest": self.spec.digest()}
+        buf = io.BytesIO()
+        torch.save(torch.get_rng_state(), buf)
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write(path / f"rng-rank{self.rank}.pt", buf.getvalue())
+        pending = self.backend.async_save(training_state(self.module, self.opt, extra), path)
+        self._pending = (pending, path, self.step, t0)
+        return {"rank": self.rank, "step": self.step, "blocking_s": time.monotonic() - t0}
+
+    @ray.method(concurrency_group="io")
+    def wait_snapshot(self) -> dict[str, Any]:
+        """Wait for this rank's write (runs beside training). ``ok`` False with the error
+        (e.g. disk full) if it failed; the snapshot then never becomes visible."""
+        if self._pending is None:
+            return {"ok": False, "error": "no snapshot in flight"}
+        pending, path, step, t0 = self._pending
+        try:
+            pending.wait()
+            return {"ok": True, "rank": self.rank, "step": step, "total_s": time.monotonic() - t0}
+        except SnapshotError as e:
+            return {"ok": False, "rank": self.rank, "step": step, "error": str(e)}
+        finally:
+            self._pending = None
+
+    @ray.method(concurrency_group="io")
+    def commit_snapshot(self, root: str, step: int, meta: dict[str, Any]) -> dict[str, Any]:
+        """Rank 0, after every rank's write succeeded: fsync + digest every file and write
+        the manifest last. Returns what the leader records in etcd."""
+        m = write_manifest(snapshot_dir(root, step), {**meta, "step": step, "world": self.world})
+        return {"step": step, "uri": str(m.path), "digest": m.digest, "bytes": m.bytes}
+
+    def publish(self) -> dict[str, Any]:
+        """Put the current weights in the object store (policy version = ``self.step``)."""
+        return {"step": self.step, "weights": ray.put(self.state_dict())}
 
     def digest(self) -> str:
         return weights_digest(self.module.state_dict())
@@ -133,8 +200,6 @@ class TrainerRank:
         state dict, policy version ``step + 1``) when ``publish``. Raises
         :class:`StepRejected` on every rank if any rank saw a non-finite loss.
         """
-        import ray
-
         if step != self.step:
             raise RuntimeError(f"rank {self.rank} is at step {self.step}, asked to train step {step}")
         samples = self.journal.read_batch(step)
@@ -155,7 +220,7 @@ class TrainerRank:
             part = mine[start : start + mb]
             bt = batch_tensors(part, self.pad)
             last = ci == len(chunks) - 1
-            ctx = self.model.no_sync() if (self.world > 1 and not last) else _null()
+            ctx = self.model.no_sync() if (self.world > 1 and not last) else contextlib.nullcontext()
             with ctx:
                 new_lp = sequence_logprobs(self.model, bt["input_ids"], bt["attention_mask"], bt["completion_mask"])
                 old_lp = new_lp.detach()  # one update per batch: the behaviour policy is the current one
@@ -210,11 +275,3 @@ class TrainerRank:
         if dist.is_initialized():
             dist.destroy_process_group()
         self.member.close()
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: object) -> None:
-        return None

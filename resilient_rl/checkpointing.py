@@ -1,0 +1,113 @@
+"""The leader's side of trainer snapshots: start, commit, retain, choose one to restore.
+
+Commit protocol (a snapshot is visible only once every step has happened):
+
+1. at a step boundary every rank stages its state and starts an async write
+   (``TrainerRank.snapshot``; training resumes at once);
+2. every rank reports its write finished (``wait_snapshot``, beside training);
+3. rank 0 fsyncs and digests every file and writes ``MANIFEST.json`` last;
+4. the leader records ``jobs/{job}/checkpoints/{step}`` and ``state.checkpoint``
+   in etcd (fenced). Only now does the snapshot exist for a restore.
+
+A write that fails (disk full, ...) raises an event; its folder never gets a
+manifest and is collected. Retention keeps the newest ``checkpoint.keep``
+committed snapshots; folders without an etcd record are garbage and are
+collected too. The journal is kept whole (``rrl verify`` replays from step 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from checkpoints.snapshots import SnapshotCorrupt, collect_garbage, retained, snapshot_dir, verify
+
+log = logging.getLogger(__name__)
+
+
+class SnapshotFlow:
+    """At most one snapshot in flight for one job; polled by the step loop."""
+
+    def __init__(self, runner: Any, trainers: list[Any]) -> None:
+        self.r = runner
+        self.trainers = trainers
+        self.root = Path(runner.workdir) / "snapshots"
+        self.every = runner.spec.checkpoint.every
+        self.keep = runner.spec.checkpoint.keep
+        self.waits: list[Any] = []
+        self.step: int | None = None
+        self.blocking_s = 0.0
+
+    def maybe_start(self, step: int) -> None:
+        """Called after step ``step - 1`` was committed (the ranks are at ``step``)."""
+        import ray
+
+        if self.waits or step % self.every:
+            return
+        started = ray.get([t.snapshot.remote(str(self.root)) for t in self.trainers])
+        self.blocking_s = max(x["blocking_s"] for x in started)
+        self.waits = [t.wait_snapshot.remote() for t in self.trainers]
+        self.step = step
+
+    def poll(self, block: bool = False) -> None:
+        """Commit (or fail) the snapshot in flight once every rank's write has ended."""
+        import ray
+
+        if not self.waits:
+            return
+        _, pending = ray.wait(self.waits, num_returns=len(self.waits), timeout=None if block else 0)
+        if pending:
+            return
+        results, step = ray.get(self.waits), self.step
+        self.waits, self.step = [], None
+        assert step is not None
+        errors = [x["error"] for x in results if not x["ok"]]
+        if errors:
+            self.r.c.event(self.r.job, "snapshot_failed", f"snapshot at step {step} failed: {errors[0]}", step=step)
+            self._collect()
+            return
+        meta = {"policy_version": step, "spec_digest": self.r.spec.digest(), "backend": self.r.spec.checkpoint.backend}
+        info = ray.get(self.trainers[0].commit_snapshot.remote(str(self.root), step, meta))
+        info.update(blocking_s=round(self.blocking_s, 4), seconds=round(max(x["total_s"] for x in results), 3))
+        self.r.c.record_checkpoint(self.r.job, step, info)
+        self.r.c.event(self.r.job, "snapshot", f"snapshot at step {step} committed ({info['bytes']} bytes)", step=step)
+        self._collect()
+
+    def _collect(self) -> None:
+        """Retention: forget all but the newest ``keep`` records, remove every other folder."""
+        committed = [c["step"] for c in self.r.c.checkpoints(self.r.job)]
+        keep = retained(committed, self.keep) if committed else set()
+        for step in set(committed) - keep:
+            self.r.c.forget_checkpoint(self.r.job, step)
+        if self.step is not None:
+            keep.add(self.step)  # in flight: not garbage
+        collect_garbage(self.root, keep)
+
+
+def choose_restore(runner: Any, at_step: int) -> tuple[str | None, int]:
+    """The newest committed snapshot at or before ``at_step`` that verifies: ``(path, step)``.
+
+    A snapshot that fails verification is skipped with an event (its record stays
+    for the operator to see; retention removes it later); with none left, the
+    trainer restarts from the initial weights and replays the whole journal.
+    """
+    for rec in sorted(runner.c.checkpoints(runner.job), key=lambda c: -c["step"]):
+        if rec["step"] > at_step:
+            continue
+        path = rec.get("uri") or str(snapshot_dir(Path(runner.workdir) / "snapshots", rec["step"]))
+        t0 = time.monotonic()
+        try:
+            m = verify(path)
+        except SnapshotCorrupt as e:
+            runner.c.event(runner.job, "snapshot_corrupt", f"snapshot at step {rec['step']} does not verify: {e}; "
+                           "falling back to the one before", step=rec["step"])  # fmt: skip
+            continue
+        if rec.get("digest") and m.digest != rec["digest"]:
+            runner.c.event(runner.job, "snapshot_corrupt", f"snapshot at step {rec['step']}: manifest digest "
+                           "differs from the etcd record; falling back", step=rec["step"])  # fmt: skip
+            continue
+        log.info("job %s: restoring snapshot %s (verified in %.2fs)", runner.job, path, time.monotonic() - t0)
+        return path, int(rec["step"])
+    return None, 0
