@@ -41,6 +41,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from checkpoints.snapshots import MANIFEST
 
 PG = dist.ProcessGroup | None  # None: single process, no group
+Done = Callable[[], bool]  # has the background write finished? (never blocks)
+Wait = Callable[[], object]  # block until it has; raise what it raised
 OBJECTS_KEY = "__objects__"  # the flat key holding the JSON tree of non-tensor leaves
 BACKENDS = ("dcp", "torchsnapshot")
 
@@ -55,8 +57,7 @@ class SnapshotError(Exception):
 
 
 def _describe(e: BaseException) -> str:
-    """One line per failing rank; the engines' own messages embed whole tracebacks (the full
-    exception stays reachable as ``__cause__``)."""
+    """One line per failing rank (engines put whole tracebacks in messages; see ``__cause__``)."""
     if isinstance(e, CheckpointException):
         return "; ".join(f"rank {r}: {type(x).__name__}: {x}" for r, (x, _) in sorted(e.failures.items()))
     lines = [ln for ln in str(e).splitlines() if ln.strip()]
@@ -72,12 +73,7 @@ class PendingSnapshot:
     """
 
     def __init__(
-        self,
-        path: Path,
-        blocking_s: float,
-        done: Callable[[], bool],
-        wait: Callable[[], object],
-        error: BaseException | None = None,
+        self, path: Path, blocking_s: float, done: Done, wait: Wait, error: BaseException | None = None
     ) -> None:
         self.path = path
         self.blocking_s = blocking_s
@@ -170,17 +166,14 @@ def _check_compatible(saved_tree: Any, tensors: dict[str, torch.Tensor], path: P
     is loaded, because torchsnapshot silently skips requested keys it lacks and allocates
     saved ones nobody asked for."""
     saved = _tensors_of(saved_tree)
-    missing = sorted(set(tensors) - set(saved))
-    unexpected = sorted(set(saved) - set(tensors))
-    if missing or unexpected:
-        raise SnapshotError(
-            f"snapshot {path}: state does not match: not in snapshot {missing[:5]}, not in state {unexpected[:5]}"
-        )
+    missing, extra = sorted(set(tensors) - set(saved)), sorted(set(saved) - set(tensors))
+    if missing or extra:
+        raise SnapshotError(f"snapshot {path}: state differs: not in snapshot {missing[:5]}, not in state {extra[:5]}")
     for key, t in tensors.items():
         s = saved[key]
         if list(t.shape) != s["shape"] or str(t.dtype).removeprefix("torch.") != s["dtype"]:
             raise SnapshotError(
-                f"snapshot {path}: {key} is {s['dtype']}{s['shape']} there, {t.dtype}{list(t.shape)} in state"
+                f"snapshot {path}: {key} is {s['dtype']}{s['shape']}, {t.dtype}{list(t.shape)} in state"
             )
 
 
@@ -274,7 +267,7 @@ class _Backend:
         _apply_tree(state, saved_tree)
 
     # engine hooks: start a write (return its done/wait), read the JSON tree, load tensors in place
-    def _start(self, flat: dict[str, Any], path: Path, pg: PG) -> tuple[Callable[[], bool], Callable[[], object]]:
+    def _start(self, flat: dict[str, Any], path: Path, pg: PG) -> tuple[Done, Wait]:
         raise NotImplementedError
 
     def _read_objects(self, path: Path, pg: PG) -> str:
@@ -290,7 +283,7 @@ class DcpBackend(_Backend):
 
     name = "dcp"
 
-    def _start(self, flat: dict[str, Any], path: Path, pg: PG) -> tuple[Callable[[], bool], Callable[[], object]]:
+    def _start(self, flat: dict[str, Any], path: Path, pg: PG) -> tuple[Done, Wait]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
@@ -338,9 +331,16 @@ class TorchSnapshotBackend(_Backend):
     name = "torchsnapshot"
     _KEY = "state"
 
-    def _start(self, flat: dict[str, Any], path: Path, pg: PG) -> tuple[Callable[[], bool], Callable[[], object]]:
+    def _start(self, flat: dict[str, Any], path: Path, pg: PG) -> tuple[Done, Wait]:
         from torchsnapshot import Snapshot
+        from torchsnapshot.dist_store import get_or_create_store
+        from torchsnapshot.pg_wrapper import PGWrapper
 
+        if pg is not None:
+            # its commit barrier keeps per-path keys in the default store for good: a retry into
+            # the same folder would see the last attempt's arrivals and errors. Each rank clears
+            # its own key; async_take's collectives order that before any barrier wait.
+            get_or_create_store(PGWrapper(pg)).delete_key(f"torchsnapshot_{path}_{dist.get_rank(pg)}")
         app_state: dict[str, Any] = {self._KEY: _FlatStateful(flat)}
         pending = Snapshot.async_take(str(path), app_state, pg=pg, replicated=["**"])
         return pending.done, pending.wait

@@ -30,9 +30,9 @@ log = logging.getLogger(__name__)
 class SnapshotFlow:
     """At most one snapshot in flight for one job; polled by the step loop."""
 
-    def __init__(self, runner: Any, trainers: list[Any]) -> None:
+    def __init__(self, runner: Any, trainers: Any) -> None:
         self.r = runner
-        self.trainers = trainers
+        self.group = trainers  # a TrainerGroup: its ranks change when it restarts
         self.root = Path(runner.workdir) / "snapshots"
         self.every = runner.spec.checkpoint.every
         self.keep = runner.spec.checkpoint.keep
@@ -46,9 +46,9 @@ class SnapshotFlow:
 
         if self.waits or step % self.every:
             return
-        started = ray.get([t.snapshot.remote(str(self.root)) for t in self.trainers])
+        started = ray.get([t.snapshot.remote(str(self.root)) for t in self.group.ranks])
         self.blocking_s = max(x["blocking_s"] for x in started)
-        self.waits = [t.wait_snapshot.remote() for t in self.trainers]
+        self.waits = [t.wait_snapshot.remote() for t in self.group.ranks]
         self.step = step
 
     def poll(self, block: bool = False) -> None:
@@ -60,16 +60,21 @@ class SnapshotFlow:
         _, pending = ray.wait(self.waits, num_returns=len(self.waits), timeout=None if block else 0)
         if pending:
             return
-        results, step = ray.get(self.waits), self.step
+        waits, step = self.waits, self.step
         self.waits, self.step = [], None
         assert step is not None
-        errors = [x["error"] for x in results if not x["ok"]]
+        meta = {"policy_version": step, "spec_digest": self.r.spec.digest(), "backend": self.r.spec.checkpoint.backend}
+        try:
+            results = ray.get(waits)
+            errors = [x["error"] for x in results if not x["ok"]]
+            if not errors:
+                info = ray.get(self.group.ranks[0].commit_snapshot.remote(str(self.root), step, meta))
+        except Exception as e:  # a rank died or the manifest write failed: this snapshot never commits
+            errors = [f"{type(getattr(e, 'cause', None) or e).__name__}: {str(getattr(e, 'cause', None) or e)[:300]}"]
         if errors:
             self.r.c.event(self.r.job, "snapshot_failed", f"snapshot at step {step} failed: {errors[0]}", step=step)
             self._collect()
             return
-        meta = {"policy_version": step, "spec_digest": self.r.spec.digest(), "backend": self.r.spec.checkpoint.backend}
-        info = ray.get(self.trainers[0].commit_snapshot.remote(str(self.root), step, meta))
         info.update(blocking_s=round(self.blocking_s, 4), seconds=round(max(x["total_s"] for x in results), 3))
         self.r.c.record_checkpoint(self.r.job, step, info)
         self.r.c.event(self.r.job, "snapshot", f"snapshot at step {step} committed ({info['bytes']} bytes)", step=step)

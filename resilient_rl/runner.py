@@ -34,7 +34,8 @@ from checkpoints.journal import Journal, ShardRef
 from controller.election import NotLeader
 from controller.jobs import JobRecord
 
-from .checkpointing import SnapshotFlow, choose_restore
+from .checkpointing import SnapshotFlow
+from .groups import RolloutGroup, TrainerGroup
 from .sampler import prompt_indices
 from .spec import JobSpec
 
@@ -68,6 +69,9 @@ class JobRunner:
         self.etcd = etcd
         self.workdir = job_workdir(self.spec)
         self.journal = Journal(self.workdir / "journal")
+        self.desired = dict(rec.desired)
+        self.namespace = NAMESPACE
+        self.version, self.weights = 0, None  # the newest committed policy and its object ref
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
         self._thread.start()
@@ -75,6 +79,7 @@ class JobRunner:
     # -- JobDriver -----------------------------------------------------------
 
     def reconcile(self, rec: JobRecord) -> dict[str, Any] | None:
+        self.desired = dict(rec.desired)  # read by the loop: group sizes (rrl scale)
         return None  # the runner thread writes its own (fenced) state
 
     def stop(self, final: bool) -> None:
@@ -105,87 +110,101 @@ class JobRunner:
         k = int(state.get("step", 0))
         self.c.update_state(self.job, phase="RUNNING", started_at=state.get("started_at") or time.time())
         self.c.event(self.job, "running", f"{'resuming at step ' + str(k) if k else 'starting'}: "
-                     f"{self.spec.rollout.replicas} rollout / {self.spec.trainer.replicas} trainer workers")  # fmt: skip
+                     f"{self._want('rollout')} rollout / {self._want('trainer')} trainer workers")  # fmt: skip
         self._ray_init()
         # workers of an earlier leader or run are not adopted yet: start from a clean slate
         # (state lives in etcd, the journal and the snapshots, never only in a worker)
         self._kill_workers()
         model_dir = self._ensure_model()
-        restore, s = choose_restore(self, k)
-        trainers = self._start_trainers(model_dir, restore)
-        weights = self._replay(trainers, s, k)
-        workers = self._start_rollouts(model_dir)
-        if weights is not None:
-            for w in workers:
-                w.load_weights.remote(k, weights)
-        snaps = SnapshotFlow(self, trainers)
-        self._loop(workers, trainers, snaps, k)
+        self.trainers = TrainerGroup(self, model_dir)
+        self.version, self.weights = k, self.trainers.start(k, self._want("trainer"))
+        self.rollouts = RolloutGroup(self, model_dir)
+        self.rollouts.start(self._want("rollout"), k, self.weights)
+        snaps = self._loop(SnapshotFlow(self, self.trainers), k)
         if self._stop.is_set():
             return
         snaps.poll(block=True)
-        self.c.update_state(self.job, weights_digest=ray.get(trainers[0].digest.remote()))
+        self.c.update_state(self.job, weights_digest=ray.get(self.trainers.ranks[0].digest.remote()))
         self._kill_workers()
         self._finish("SUCCEEDED", None)
 
-    def _replay(self, trainers: list[Any], s: int, k: int) -> Any:
-        """Bring restored trainers from step ``s`` to the committed step ``k`` by training on the
-        journaled batches s..k-1 (never regenerated). Returns the weights of version k (None at 0)."""
+    def _loop(self, snaps: SnapshotFlow, k: int) -> SnapshotFlow:
         import ray
+        from ray.exceptions import RayActorError
 
-        if k == 0:
-            return None
-        if s < k:
-            self.c.event(self.job, "replay", f"replaying steps {s}..{k - 1} from the journal", first=s, last=k - 1)
-        out = None
-        for j in range(s, k):
-            out = ray.get([t.train_step.remote(j, j == k - 1) for t in trainers])[0]
-        return out["weights"] if out is not None else ray.get(trainers[0].publish.remote())["weights"]
-
-    def _loop(self, workers: list[Any], trainers: list[Any], snaps: SnapshotFlow, k: int) -> None:
-        import ray
-
-        spec, s = self.spec, self.spec.async_.max_staleness
-        version, planned = k, k - 1
+        spec, s, rollouts = self.spec, self.spec.async_.max_staleness, self.rollouts
+        planned = k - 1
         queue: deque[tuple[int, int, list[int]]] = deque()
-        inflight: dict[Any, tuple[int, int, int]] = {}  # ref -> (step, shard, worker)
+        inflight: dict[Any, tuple[int, int, list[int], int]] = {}  # ref -> (step, shard, prompts, worker)
         done: dict[int, dict[int, dict[str, Any]]] = {}
         train_refs: list[Any] = []
-        idle = set(range(len(workers)))
         t_step = time.monotonic()
         while k < spec.steps and not self._stop.is_set():
-            while planned + 1 < spec.steps and planned + 1 <= version + s:
+            while planned + 1 < spec.steps and planned + 1 <= self.version + s:
                 planned += 1
                 journaled = self._journaled(planned)  # complete before a restart: reuse, never regenerate
                 if journaled is not None:
                     done[planned] = journaled
                 else:
                     queue.extend((planned, i, idx) for i, idx in enumerate(self._shards(planned)))
-            while queue and idle:
-                w = idle.pop()
+            rollouts.resize(self._want("rollout"), self.version, self.weights)
+            while queue and rollouts.idle:
+                w = min(rollouts.idle)
+                rollouts.idle.discard(w)
                 step, shard, idx = queue.popleft()
-                inflight[workers[w].generate_shard.remote(step, shard, idx)] = (step, shard, w)
+                inflight[rollouts.workers[w].generate_shard.remote(step, shard, idx)] = (step, shard, idx, w)
             if not train_refs and k in done and len(done[k]) == self._num_shards():
                 self._check_staleness(k, done[k])
-                train_refs = [t.train_step.remote(k) for t in trainers]
-            ready, _ = ray.wait([*inflight, *train_refs, *snaps.waits], num_returns=1, timeout=1.0)
+                train_refs = [t.train_step.remote(k) for t in self.trainers.ranks]
+            ready, _ = ray.wait([*inflight, *train_refs, *snaps.waits, *rollouts.refs()], num_returns=1, timeout=1.0)
             snaps.poll()
-            if train_refs and ray.wait(train_refs, num_returns=len(train_refs), timeout=0)[1] == []:
-                results = ray.get(train_refs)  # raises StepRejected / actor errors
+            for ref in ready:
+                rollouts.on_ready(ref)
+            finished, unfinished = (
+                ray.wait(train_refs, num_returns=len(train_refs), timeout=0) if train_refs else ([], [])
+            )
+            lost = _actor_error(finished)
+            if lost is not None:  # a rank died (its peers may hang in a collective): restart the group
+                train_refs = []
+                self.trainers.restart(k, self.trainers.world, f"trainer rank lost ({type(lost).__name__})")
+                snaps = SnapshotFlow(self, self.trainers)
+                continue
+            if train_refs and not unfinished:
+                results = ray.get(train_refs)  # StepRejected and other errors fail the job
                 train_refs = []
                 metrics = self._commit(k, results[0], done.pop(k), time.monotonic() - t_step)
-                version = k = k + 1
-                for wk in workers:  # in order: every later shard on a worker uses >= this version
-                    wk.load_weights.remote(version, results[0]["weights"])
+                k += 1
+                self.version, self.weights = k, results[0]["weights"]
+                for wk in rollouts.workers.values():  # in order: every later shard uses >= this version
+                    wk.load_weights.remote(k, self.weights)
                 snaps.maybe_start(k)
+                if self._want("trainer") != self.trainers.world and k < spec.steps:
+                    snaps.poll(block=True)
+                    self.trainers.restart(k, self._want("trainer"), f"world size {self.trainers.world} -> "
+                                          f"{self._want('trainer')} requested")  # fmt: skip
+                    snaps = SnapshotFlow(self, self.trainers)
                 t_step = time.monotonic()
                 log.info("job %s step %d committed: reward %.3f", self.job, k - 1, metrics["reward"])
             for ref in [r for r in ready if r in inflight]:
-                step, shard, w = inflight.pop(ref)
-                idle.add(w)
-                done.setdefault(step, {})[shard] = ray.get(ref)
+                step, shard, idx, w = inflight.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except RayActorError as e:  # the worker died: its shard goes back to the queue
+                    queue.appendleft((step, shard, idx))
+                    rollouts.fault(w, e, self.version, self.weights)
+                    continue
+                if w in rollouts.workers:
+                    rollouts.idle.add(w)
+                done.setdefault(step, {})[shard] = result
                 if len(done[step]) == self._num_shards():
                     refs = [ShardRef(**done[step][i]["ref"]) for i in range(self._num_shards())]
                     self.journal.commit_batch(step, refs)
+        return snaps
+
+    def _want(self, group: str) -> int:
+        """Desired size of a group (``rrl scale`` writes it; the spec gives the start)."""
+        default = self.spec.rollout.replicas if group == "rollout" else self.spec.trainer.replicas
+        return int(self.desired.get(group) or default)
 
     def _journaled(self, step: int) -> dict[int, dict[str, Any]] | None:
         """Shard summaries of a batch already complete in the journal, else None."""
@@ -279,7 +298,10 @@ class JobRunner:
         mk = ray.remote(num_cpus=0.1)(make_tiny_model)
         return str(ray.get(mk.remote(out, self.spec.model.init, VOCAB_CHARS)))
 
-    def _env(self) -> dict[str, Any]:
+    def actor_name(self, group: str, index: int) -> str:
+        return actor_name(self.job, group, index)
+
+    def runtime_env(self) -> dict[str, Any]:
         return {
             "env_vars": {
                 "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(self.spec.rollout.kv_cache_gib))),
@@ -288,42 +310,6 @@ class JobRunner:
                 "TOKENIZERS_PARALLELISM": "false",
             }
         }
-
-    def _start_rollouts(self, model_dir: str) -> list[Any]:
-        import ray
-
-        from .rollout import RolloutWorker
-
-        cls = ray.remote(RolloutWorker)
-        r = self.spec.rollout
-        workers = [
-            cls.options(
-                name=actor_name(self.job, "rollout", i), namespace=NAMESPACE, lifetime="detached",
-                get_if_exists=True, num_cpus=r.num_cpus, num_gpus=r.num_gpus, runtime_env=self._env(),
-            ).remote(self.job, i, self.spec.to_json(), model_dir, str(self.workdir), self.etcd)
-            for i in range(r.replicas)
-        ]  # fmt: skip
-        ray.get([w.ready.remote() for w in workers])
-        return workers
-
-    def _start_trainers(self, model_dir: str, restore: str | None) -> list[Any]:
-        import ray
-
-        from .trainer import TrainerRank
-
-        # "io": waiting for a snapshot write runs beside training (see checkpointing.py)
-        cls = ray.remote(concurrency_groups={"io": 1})(TrainerRank)
-        t = self.spec.trainer
-        ranks = [
-            cls.options(
-                name=actor_name(self.job, "trainer", i), namespace=NAMESPACE, lifetime="detached",
-                get_if_exists=True, num_cpus=t.num_cpus, num_gpus=t.num_gpus, runtime_env=self._env(),
-            ).remote(self.job, i, t.replicas, self.spec.to_json(), model_dir, str(self.workdir), self.etcd)
-            for i in range(t.replicas)
-        ]  # fmt: skip
-        master = ray.get(ranks[0].address.remote())
-        ray.get([r.setup.remote(master, restore) for r in ranks])
-        return ranks
 
     def _finish(self, phase: str, reason: str | None) -> None:
         try:
@@ -340,8 +326,8 @@ class JobRunner:
 
         if not ray.is_initialized():
             return
-        for g, n in (("rollout", self.spec.rollout.replicas), ("trainer", self.spec.trainer.replicas)):
-            for i in range(n):
+        for g in ("rollout", "trainer"):
+            for i in range(max(16, self._want(g), self.spec.rollout.max_replicas or 0)):
                 try:
                     actor = ray.get_actor(actor_name(self.job, g, i), namespace=NAMESPACE)
                 except ValueError:
@@ -351,6 +337,21 @@ class JobRunner:
                 except Exception as e:  # the kill below is what matters
                     log.info("shutdown of %s/%d failed: %s", g, i, e)
                 ray.kill(actor)
+
+
+def _actor_error(refs: list[Any]) -> BaseException | None:
+    """The first of ``refs`` (all finished) that failed because its actor died, if any."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    for r in refs:
+        try:
+            ray.get(r, timeout=0)
+        except RayActorError as e:
+            return e
+        except Exception:  # other errors are raised where the results are read
+            continue
+    return None
 
 
 def _reason(e: BaseException) -> str:

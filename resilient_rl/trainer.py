@@ -84,7 +84,7 @@ class TrainerRank:
         self.step = 0
         self.model: Any = None
         self.backend = make_backend(self.spec.checkpoint.backend)
-        self._pending: tuple[PendingSnapshot, Path, int, float] | None = None
+        self._pending: tuple[PendingSnapshot | str, Path, int, float] | None = None
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group (called on rank 0 only)."""
@@ -147,17 +147,21 @@ class TrainerRank:
     def snapshot(self, root: str) -> dict[str, Any]:
         """Start an async snapshot of the state after ``self.step`` steps (collective, at a
         step boundary). Returns once the state is staged; the write goes on in the
-        background and :meth:`wait_snapshot` reports its outcome."""
+        background and :meth:`wait_snapshot` reports its outcome. A write error here (disk
+        full while writing the RNG file) is reported the same way, never raised."""
         if self._pending is not None:
             raise RuntimeError("a snapshot is already in flight")
         path = snapshot_dir(root, self.step)
         t0 = time.monotonic()
         extra = {"step": self.step, "world": self.world, "spec_digest": self.spec.digest()}
-        buf = io.BytesIO()
-        torch.save(torch.get_rng_state(), buf)
-        path.mkdir(parents=True, exist_ok=True)
-        atomic_write(path / f"rng-rank{self.rank}.pt", buf.getvalue())
-        pending = self.backend.async_save(training_state(self.module, self.opt, extra), path)
+        try:
+            buf = io.BytesIO()
+            torch.save(torch.get_rng_state(), buf)
+            path.mkdir(parents=True, exist_ok=True)
+            atomic_write(path / f"rng-rank{self.rank}.pt", buf.getvalue())
+            pending: PendingSnapshot | str = self.backend.async_save(training_state(self.module, self.opt, extra), path)
+        except (OSError, SnapshotError) as e:
+            pending = f"{type(e).__name__}: {e}"
         self._pending = (pending, path, self.step, t0)
         return {"rank": self.rank, "step": self.step, "blocking_s": time.monotonic() - t0}
 
@@ -169,6 +173,8 @@ class TrainerRank:
             return {"ok": False, "error": "no snapshot in flight"}
         pending, path, step, t0 = self._pending
         try:
+            if isinstance(pending, str):
+                return {"ok": False, "rank": self.rank, "step": step, "error": pending}
             pending.wait()
             return {"ok": True, "rank": self.rank, "step": step, "total_s": time.monotonic() - t0}
         except SnapshotError as e:

@@ -216,6 +216,13 @@ def _rank_main(rank: int, world: int, port: int, backend: str, load_dir: str, sa
         out: dict[str, Any] = {"loaded": _digest(model, opt), "extra": state["extra"]}
         _train(ddp, opt, 2, seed=rank)  # different data per rank; DDP keeps the replicas equal
         out["saved"] = _digest(model, opt)
+        if backend == "torchsnapshot":  # an earlier failed attempt into this folder left its barrier error
+            from torchsnapshot.dist_store import get_or_create_store
+            from torchsnapshot.pg_wrapper import PGWrapper
+
+            get_or_create_store(PGWrapper(None)).set(
+                f"torchsnapshot_{save_dir}_{rank}", f"Rank {rank} encountered error: stale"
+            )
         pending = b.async_save(training_state(ddp, opt, {"step": 5, "world": world}), Path(save_dir))
         _mutate(model, opt)
         pending.wait()
