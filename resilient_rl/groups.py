@@ -54,7 +54,6 @@ class RolloutGroup:
         self.workers: dict[int, Any] = {}
         self.idle: set[int] = set()
         self.joining: dict[Any, int] = {}  # load_weights ref of a new worker -> index
-        self.busy: set[int] = set()
         f = runner.spec.fault
         self.budget = RestartBudget("rollout", f.max_restarts, f.restart_window)
 
@@ -67,8 +66,9 @@ class RolloutGroup:
         return (
             ray.remote(RolloutWorker)
             .options(
+                # never get_if_exists: a dead worker's handle would be handed back for its replacement
                 name=self.r.actor_name("rollout", i), namespace=self.r.namespace, lifetime="detached",
-                get_if_exists=True, num_cpus=r.num_cpus, num_gpus=r.num_gpus, runtime_env=self.r.runtime_env(),
+                num_cpus=r.num_cpus, num_gpus=r.num_gpus, runtime_env=self.r.runtime_env(),
             )
             .remote(self.r.job, i, self.r.spec.to_json(), self.model_dir, str(self.r.workdir), self.r.etcd)
         )  # fmt: skip
@@ -76,7 +76,6 @@ class RolloutGroup:
     def add(self, i: int, version: int, weights: Any) -> None:
         """Start worker ``i``; it joins ``idle`` once it holds ``version`` (async)."""
         w = self.workers[i] = self._create(i)
-        w.ready.remote()
         self.joining[w.load_weights.remote(version, weights) if weights is not None else w.ready.remote()] = i
 
     def start(self, n: int, version: int, weights: Any) -> None:
@@ -113,7 +112,6 @@ class RolloutGroup:
         import ray
 
         self.idle.discard(i)
-        self.busy.discard(i)
         old = self.workers.pop(i, None)
         if old is not None:
             ray.kill(old)
@@ -144,8 +142,28 @@ class RolloutGroup:
                 self.r.c.event(self.r.job, "scale", f"rollout: worker {i} drained and stopped (desired {want})",
                                worker=i)  # fmt: skip
 
-    def draining(self, i: int, want: int) -> bool:
-        return i >= want
+
+class WeightStore:
+    """Owns the published weights of a job (actor ``rrl:{job}:weights:0``, no CPU reserved).
+
+    Ray frees an object when its owner dies. Rank 0 hands each new state dict to
+    this actor, which ``ray.put``s it and so owns it: the weights survive trainer
+    restarts. It keeps the newest few versions alive for workers still loading them.
+    """
+
+    def __init__(self) -> None:
+        self.refs: dict[int, Any] = {}
+
+    def put(self, version: int, state: dict[str, Any]) -> list[Any]:
+        import ray
+
+        self.refs[version] = ray.put(state)
+        for v in sorted(self.refs)[:-4]:
+            del self.refs[v]
+        return [self.refs[version]]  # in a list: the caller borrows the reference, we stay owner
+
+    def ping(self) -> bool:
+        return True
 
 
 class TrainerGroup:
@@ -171,6 +189,13 @@ class TrainerGroup:
         from .trainer import TrainerRank
 
         self.kill()
+        ray.get(
+            ray.remote(WeightStore)
+            .options(name=self.r.actor_name("weights", 0), namespace=self.r.namespace, lifetime="detached",
+                     get_if_exists=True, num_cpus=0)
+            .remote()
+            .ping.remote()
+        )  # fmt: skip
         restore, s = choose_restore(self.r, k)
         cls = ray.remote(concurrency_groups={"io": 1})(TrainerRank)  # "io": snapshot waits beside training
         t = self.r.spec.trainer

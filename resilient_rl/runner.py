@@ -156,7 +156,13 @@ class JobRunner:
             if not train_refs and k in done and len(done[k]) == self._num_shards():
                 self._check_staleness(k, done[k])
                 train_refs = [t.train_step.remote(k) for t in self.trainers.ranks]
-            ready, _ = ray.wait([*inflight, *train_refs, *snaps.waits, *rollouts.refs()], num_returns=1, timeout=1.0)
+            watched = [*inflight, *train_refs, *snaps.waits, *rollouts.refs()]
+            if watched:  # block until something happened, then take *everything* ready (no starvation)
+                ray.wait(watched, num_returns=1, timeout=1.0)
+                ready = ray.wait(watched, num_returns=len(watched), timeout=0)[0]
+            else:
+                time.sleep(0.2)
+                ready = []
             snaps.poll()
             for ref in ready:
                 rollouts.on_ready(ref)
@@ -326,8 +332,8 @@ class JobRunner:
 
         if not ray.is_initialized():
             return
-        for g in ("rollout", "trainer"):
-            for i in range(max(16, self._want(g), self.spec.rollout.max_replicas or 0)):
+        for g in ("rollout", "trainer", "weights"):
+            for i in range(max(16, self._want(g) if g != "weights" else 1, self.spec.rollout.max_replicas or 0)):
                 try:
                     actor = ray.get_actor(actor_name(self.job, g, i), namespace=NAMESPACE)
                 except ValueError:

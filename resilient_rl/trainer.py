@@ -63,6 +63,17 @@ def batch_tensors(samples: list[dict[str, Any]], pad: int) -> dict[str, torch.Te
     return {"input_ids": ids, "attention_mask": attn, "completion_mask": comp}
 
 
+def _disk_note(path: Path) -> str:
+    """Free space where a snapshot failed: torch's writers often hide ENOSPC behind other errors."""
+    import shutil
+
+    for p in (path, *path.parents):
+        if p.exists():
+            free = shutil.disk_usage(p).free
+            return f" ({free / 1e6:.1f} MB free on its device{': disk full' if free < (1 << 20) else ''})"
+    return ""
+
+
 class StepRejected(Exception):
     """The step was not applied (non-finite loss or gradient); weights are unchanged."""
 
@@ -174,11 +185,11 @@ class TrainerRank:
         pending, path, step, t0 = self._pending
         try:
             if isinstance(pending, str):
-                return {"ok": False, "rank": self.rank, "step": step, "error": pending}
+                return {"ok": False, "rank": self.rank, "step": step, "error": pending + _disk_note(path)}
             pending.wait()
             return {"ok": True, "rank": self.rank, "step": step, "total_s": time.monotonic() - t0}
         except SnapshotError as e:
-            return {"ok": False, "rank": self.rank, "step": step, "error": str(e)}
+            return {"ok": False, "rank": self.rank, "step": step, "error": f"{e}{_disk_note(path)}"}
         finally:
             self._pending = None
 
@@ -191,7 +202,22 @@ class TrainerRank:
 
     def publish(self) -> dict[str, Any]:
         """Put the current weights in the object store (policy version = ``self.step``)."""
-        return {"step": self.step, "weights": ray.put(self.state_dict())}
+        return {"step": self.step, "weights": self._put_weights()}
+
+    def _put_weights(self) -> Any:
+        """Publish the weights once to the object store; returns the reference.
+
+        The object is put by the job's weight store actor (``rrl:{job}:weights:0``), so
+        it is *owned* by an actor that outlives trainer restarts: a reference owned by
+        this rank would die with it while rollout workers are still loading it. Without
+        a weight store (standalone use) this rank owns it.
+        """
+        state = self.state_dict()
+        try:
+            store = ray.get_actor(f"rrl:{self.job}:weights:0", namespace="rrl")
+        except ValueError:
+            return ray.put(state)
+        return ray.get(store.put.remote(self.step, state))[0]
 
     def digest(self) -> str:
         return weights_digest(self.module.state_dict())
@@ -274,7 +300,7 @@ class TrainerRank:
             **{k: v / max(1, len(mine)) for k, v in stats_acc.items()},
         }
         if self.rank == 0 and publish:
-            out["weights"] = ray.put(self.state_dict())
+            out["weights"] = self._put_weights()
         return out
 
     def shutdown(self) -> None:

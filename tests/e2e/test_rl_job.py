@@ -187,6 +187,15 @@ def _wait_step(platform: LivePlatform, job: str, step: int, timeout: float = 300
         time.sleep(0.1)
 
 
+def _wait_event(platform: LivePlatform, job: str, kind: str, timeout: float = 300) -> None:
+    from controller import events
+
+    deadline = time.monotonic() + timeout
+    while kind not in [e["kind"] for e in events.read(platform.store, job, limit=1000)]:
+        assert time.monotonic() < deadline, f"no {kind} event for {job}"
+        time.sleep(0.2)
+
+
 def test_worker_faults_recover_and_final_weights_equal_fault_free_replay(
     platform: LivePlatform, tmp_path: Path
 ) -> None:
@@ -195,7 +204,8 @@ def test_worker_faults_recover_and_final_weights_equal_fault_free_replay(
     from resilient_rl.verify import replay_digest
 
     work = tmp_path / "faults"
-    spec = _spec("e2e-faults", work, rollout={"replicas": 2}, steps=12, checkpoint={"dir": str(work), "every": 4})
+    steps = 60  # long enough for the replacement worker to join before the end
+    spec = _spec("e2e-faults", work, rollout={"replicas": 2}, steps=steps, checkpoint={"dir": str(work), "every": 4})
     job = platform.submit(spec)
     ray = platform.ray()
     _wait_step(platform, job, 3)
@@ -204,13 +214,17 @@ def test_worker_faults_recover_and_final_weights_equal_fault_free_replay(
     ray.kill(ray.get_actor(f"rrl:{job}:trainer:1", namespace="rrl"))  # a trainer rank dies
     rec = platform.wait(job)
     assert rec.phase == "SUCCEEDED", rec.state.get("reason")
-    assert rec.state["step"] == 12
+    assert rec.state["step"] == steps
     kinds = [e["kind"] for e in events.read(platform.store, job, limit=1000)]
     for kind in ("rollout_fault", "rollout_joined", "trainer_restart", "trainer_recovered"):
-        assert kind in kinds, kinds
-    _check_journal(work, 12, 4, 4, 3)  # no shard lost or counted twice
+        assert kind in kinds, [
+            (e["kind"], e["message"])
+            for e in events.read(platform.store, job, limit=1000)
+            if e["kind"] not in ("snapshot",)
+        ]
+    _check_journal(work, steps, 4, 4, 3)  # no shard lost or counted twice
     # the final weights equal a fault-free replay of the journal from the initial weights
-    digest = replay_digest(JobSpec.model_validate(rec.spec), 12, platform.data["ray"], platform.data["etcd"])
+    digest = replay_digest(JobSpec.model_validate(rec.spec), steps, platform.data["ray"], platform.data["etcd"])
     assert digest == rec.state["weights_digest"]
 
 
@@ -218,12 +232,20 @@ def test_rescale_both_groups_mid_job(platform: LivePlatform, tmp_path: Path) -> 
     from controller import events, jobs
 
     work = tmp_path / "scale"
-    job = platform.submit(_spec("e2e-scale", work, steps=14, checkpoint={"dir": str(work), "every": 3}))
+    steps = 60
+    job = platform.submit(_spec("e2e-scale", work, steps=steps, checkpoint={"dir": str(work), "every": 3}))
     _wait_step(platform, job, 3)
     jobs.scale(platform.store, job, rollout=2, trainer=1)
-    _wait_step(platform, job, 8)
-    members = jobs.get(platform.store, job).members
-    assert len(members.get("rollout", {})) == 2 and len(members.get("trainer", {})) == 1
+    _wait_event(platform, job, "rollout_joined")
+    _wait_event(platform, job, "trainer_recovered")
+    deadline = time.monotonic() + 60  # a killed rank's membership key lives until its lease expires
+    while True:
+        members = jobs.get(platform.store, job).members
+        if len(members.get("rollout", {})) == 2 and len(members.get("trainer", {})) == 1:
+            break
+        assert time.monotonic() < deadline, members
+        time.sleep(0.2)
+    assert jobs.get(platform.store, job).phase == "RUNNING"
     jobs.scale(platform.store, job, rollout=1, trainer=2)
     rec = platform.wait(job)
     assert rec.phase == "SUCCEEDED", rec.state.get("reason")
@@ -232,4 +254,34 @@ def test_rescale_both_groups_mid_job(platform: LivePlatform, tmp_path: Path) -> 
     ]
     assert any("adding worker 1" in m for m in msgs) and any("worker 1 drained" in m for m in msgs)
     assert any("world size 2 -> 1" in m for m in msgs) and any("world size 1 -> 2" in m for m in msgs)
-    _check_journal(work, 14, 4, 4, 3)
+    _check_journal(work, steps, 4, 4, 3)
+
+
+def test_disk_full_during_snapshot_keeps_previous_and_job_goes_on(platform: LivePlatform, tmp_path: Path) -> None:
+    import subprocess
+
+    from checkpoints.snapshots import verify
+    from controller import events
+
+    work = tmp_path / "diskfull"
+    snaps = work / "snapshots"
+    snaps.mkdir(parents=True)
+    # one snapshot of the tiny model + AdamW is ~3.7 MB: the first fits, the second does not
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(snaps)], check=True)
+    try:
+        job = platform.submit(_spec("e2e-diskfull", work, trainer={"replicas": 1}, steps=8,
+                                    checkpoint={"dir": str(work), "every": 2, "keep": 2}))  # fmt: skip
+        rec = platform.wait(job)
+        assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+        evs = events.read(platform.store, job, limit=1000)
+        failed = [e for e in evs if e["kind"] == "snapshot_failed"]
+        assert failed, [e["kind"] for e in evs]
+        assert any("disk full" in e["message"] or "space" in e["message"].lower() for e in failed), failed[0]["message"]
+        committed = [c["step"] for c in rec.checkpoints]
+        assert committed and min(committed) == 2  # the first snapshot stayed
+        for c in rec.checkpoints:
+            verify(c["uri"])  # every recorded snapshot is whole
+        # no partial snapshot is visible: every folder left is a committed one
+        assert sorted(p.name for p in snaps.iterdir()) == [f"step-{s:010d}" for s in sorted(committed)]
+    finally:
+        subprocess.run(["umount", str(snaps)], check=False)

@@ -48,12 +48,14 @@ def test_auto_tokenizer_round_trips_characters(made: Path) -> None:
 
 def test_vocab_ids(made: Path) -> None:
     tok = AutoTokenizer.from_pretrained(made)
-    assert [tok.convert_tokens_to_ids(t) for t in TOKENIZER_SPECIALS] == [0, 1, 2]
-    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id, tok.bos_token_id) == (0, 1, 2, None)
-    assert tok(CHARS).input_ids == list(range(3, 3 + len(CHARS)))
+    assert [tok.convert_tokens_to_ids(t) for t in TOKENIZER_SPECIALS] == [0]
+    # one special token: padding is eos, and nothing decodes to an invisible, sampleable token
+    assert (tok.pad_token_id, tok.eos_token_id, tok.bos_token_id) == (0, 0, None)
+    assert len(tok) == 1 + len(CHARS)
+    assert tok(CHARS).input_ids == list(range(1, 1 + len(CHARS)))
     assert len(tok) == len(TOKENIZER_SPECIALS) + len(CHARS)
-    assert tok("1<eos>").input_ids == [4, 1]  # special tokens are matched whole
-    assert tok.decode([4, 1, 0], skip_special_tokens=True) == "1"
+    assert tok("1<eos>").input_ids == [2, 0]  # special tokens are matched whole
+    assert tok.decode([2, 0], skip_special_tokens=True) == "1"
 
 
 def test_every_loader_tokenizes_alike(made: Path) -> None:
@@ -64,11 +66,11 @@ def test_every_loader_tokenizes_alike(made: Path) -> None:
         AutoTokenizer.from_pretrained(made),
         PreTrainedTokenizerFast.from_pretrained(made),
     ]
-    for text in ["copy: 1 2\n3=<eos>", "xyz 7", "<pad><unk>q"]:
+    for text in ["copy: 1 2\n3=<eos>", "xyz 7", "<eos>q"]:
         encodings = [t(text).input_ids for t in loaders]
         assert encodings[0] == encodings[1] == encodings[2], text
         assert len({t.decode(encodings[0]) for t in loaders}) == 1
-    assert loaders[1]("zx1").input_ids == [4]  # "z", "x" are not in CHARS
+    assert loaders[1]("zx1").input_ids == [2]  # "z", "x" are not in CHARS
 
 
 def test_model_config_and_generation(made: Path) -> None:
@@ -87,7 +89,7 @@ def test_model_config_and_generation(made: Path) -> None:
     assert model.dtype == torch.float32
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
     gen = model.generation_config
-    assert (gen.eos_token_id, gen.pad_token_id, gen.bos_token_id) == (1, 0, None)
+    assert (gen.eos_token_id, gen.pad_token_id, gen.bos_token_id) == (0, 0, None)
 
     tok = AutoTokenizer.from_pretrained(made)
     prompt = tok("copy:12=", return_tensors="pt")
