@@ -59,11 +59,16 @@ def atomic_write(path: Path, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
-    dfd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """fsync a folder, so that entries created or renamed in it survive a crash."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dfd)
+        os.fsync(fd)
     finally:
-        os.close(dfd)
+        os.close(fd)
 
 
 def sha256(data: bytes) -> str:

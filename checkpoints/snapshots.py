@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoints.journal import atomic_write, sha256
+from checkpoints.journal import atomic_write, fsync_dir, sha256
 
 MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"step-(\d{10,})")
@@ -60,14 +60,6 @@ def snapshot_dir(root: str | Path, step: int) -> Path:
     if step < 0:
         raise ValueError(f"step {step} < 0")
     return Path(root) / f"step-{step:010d}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _hash_and_fsync(path: Path) -> tuple[str, int]:
@@ -118,8 +110,8 @@ def write_manifest(path: str | Path, meta: dict[str, Any]) -> Manifest:
         total += n
     # the file data is durable; make the folder entries durable too before the commit point
     for d in sorted({p.parent for p in data_files} | {path}, key=lambda d: len(d.parts), reverse=True):
-        _fsync_dir(d)
-    _fsync_dir(path.parent)
+        fsync_dir(d)
+    fsync_dir(path.parent)
     m = Manifest(path, files, dict(meta), total)
     data = json.dumps(m.body(), sort_keys=True, indent=1).encode()
     atomic_write(path / MANIFEST, data)  # the commit point
@@ -219,9 +211,9 @@ def collect_garbage(root: str | Path, keep_steps: set[int]) -> list[Path]:
         manifest = p / MANIFEST
         if manifest.exists():
             manifest.unlink()
-            _fsync_dir(p)
+            fsync_dir(p)
         shutil.rmtree(p)
         removed.append(p)
     if removed:
-        _fsync_dir(Path(root))
+        fsync_dir(Path(root))
     return removed

@@ -25,6 +25,7 @@ import torch
 from tokenizers import pre_tokenizers
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
+from checkpoints.journal import fsync_dir
 from resilient_rl.spec import TinyModelInit
 
 EOS = "<eos>"
@@ -135,15 +136,7 @@ def _fsync_tree(folder: Path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(folder)
 
 
 def make_tiny_model(out_dir: str | Path, init: TinyModelInit, vocab_chars: str) -> Path:
@@ -183,7 +176,7 @@ def make_tiny_model(out_dir: str | Path, init: TinyModelInit, vocab_chars: str) 
             if _read_marker(out) == want:
                 return out
             raise
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
