@@ -46,7 +46,12 @@ class SnapshotFlow:
 
         if self.waits or step % self.every:
             return
-        started = ray.get([t.snapshot.remote(str(self.root)) for t in self.group.ranks])
+        try:
+            started = ray.get([t.snapshot.remote(str(self.root)) for t in self.group.ranks])
+        except Exception as e:  # a rank died while staging: no snapshot; the step loop sees the death next
+            self.r.c.event(self.r.job, "snapshot_failed", f"snapshot at step {step} failed while staging: "
+                           f"{type(getattr(e, 'cause', None) or e).__name__}", step=step)  # fmt: skip
+            return
         self.blocking_s = max(x["blocking_s"] for x in started)
         self.waits = [t.wait_snapshot.remote() for t in self.group.ranks]
         self.step = step

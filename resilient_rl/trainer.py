@@ -276,6 +276,8 @@ class TrainerRank:
             loss_sum += seq_loss.detach().double().sum()
             for k, v in stats.items():
                 stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * len(part)
+        if self.world > 1:  # the global batch's loss, whatever the world size
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
         ok = torch.tensor([1.0 if torch.isfinite(loss_sum) else 0.0])
         grad_norm = None
         if self.spec.trainer.max_grad_norm is not None:
@@ -293,7 +295,7 @@ class TrainerRank:
         out: dict[str, Any] = {
             "rank": self.rank,
             "step": step,
-            "loss": float(loss_sum) / max(1, len(mine)),
+            "loss": float(loss_sum) / total,  # mean sequence loss over the global batch
             "reward_mean": float(rewards.mean()),
             "samples": total,
             "grad_norm": None if grad_norm is None else float(grad_norm),

@@ -285,3 +285,93 @@ def test_disk_full_during_snapshot_keeps_previous_and_job_goes_on(platform: Live
         assert sorted(p.name for p in snaps.iterdir()) == [f"step-{s:010d}" for s in sorted(committed)]
     finally:
         subprocess.run(["umount", str(snaps)], check=False)
+
+
+def test_trainer_killed_while_snapshot_is_written(platform: LivePlatform, tmp_path: Path) -> None:
+    """SIGKILL the trainer while its snapshot is being written: that snapshot never becomes
+    visible, the restore uses the previous one, the job finishes."""
+    import os
+    import signal
+
+    from controller import events, jobs
+
+    work = tmp_path / "killsnap"
+    job = platform.submit(_spec("e2e-killsnap", work, trainer={"replicas": 1}, steps=40,
+                                checkpoint={"dir": str(work), "every": 3, "keep": 3}))  # fmt: skip
+    _wait_step(platform, job, 4)  # the snapshot at step 3 is committed by now or soon
+    target = work / "snapshots" / "step-0000000006"
+    deadline = time.monotonic() + 120
+    while not target.exists():  # the rank creates the folder as the write starts
+        assert time.monotonic() < deadline, "the snapshot at step 6 never started"
+        time.sleep(0.002)
+    pid = jobs.get(platform.store, job).members["trainer"]["0"]["pid"]
+    os.kill(pid, signal.SIGSTOP)  # freeze the write where it is, then crash the rank
+    assert not (target / "MANIFEST.json").exists(), "the write finished before the kill (test raced)"
+    os.kill(pid, signal.SIGKILL)
+    rec = platform.wait(job)
+    assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+    evs = events.read(platform.store, job, limit=1000)
+    assert any(e["kind"] == "snapshot_failed" and e.get("step") == 6 for e in evs)
+    replay = [e for e in evs if e["kind"] == "replay"]
+    assert replay and replay[0]["first"] == 3  # restored from the snapshot before the killed one
+    assert 6 not in [c["step"] for c in rec.checkpoints]  # the killed write never became visible
+    _check_journal(work, 40, 4, 4, 3)
+
+
+def test_snapshot_restores_across_world_sizes(platform: LivePlatform, tmp_path: Path) -> None:
+    """2 -> 1 and 1 -> 2 restores continue training like the unchanged size (next step's loss
+    within 1e-5 relative; weights within 1e-4: AdamW divides by the tiny second moments of
+    small parameters, which magnifies the float summation-order difference of gradients
+    reduced over 1 vs 2 ranks)."""
+    import json
+
+    from checkpoints.snapshots import snapshot_dir
+    from resilient_rl.trainer import TrainerRank
+
+    work = tmp_path / "reshard"
+    spec = _spec("e2e-reshard", work, steps=5, algorithm={"kl_coef": 0.05},
+                 checkpoint={"dir": str(work), "every": 3})  # fmt: skip
+    rec = platform.wait(platform.submit(spec))
+    assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+    snap3 = str(snapshot_dir(work / "snapshots", 3))  # written by 2 ranks
+    ray = platform.ray()
+    sj, model_dir = json.dumps(rec.spec), str(work / "model")
+
+    def group(name: str, world: int, restore: str, step: int) -> list:
+        cls = ray.remote(concurrency_groups={"io": 1})(TrainerRank).options(num_cpus=0.5)
+        ranks = [cls.remote(name, r, world, sj, model_dir, str(work), platform.data["etcd"]) for r in range(world)]
+        master = ray.get(ranks[0].address.remote())
+        assert {x["step"] for x in ray.get([r.setup.remote(master, restore) for r in ranks])} == {step}
+        return ranks
+
+    def close(ranks: list) -> None:
+        ray.get([r.shutdown.remote() for r in ranks])
+        for r in ranks:
+            ray.kill(r)
+
+    def close_enough(a: dict, b: dict) -> None:
+        for name in a:
+            rel = (a[name].double() - b[name].double()).norm() / max(a[name].double().norm(), 1e-12)
+            assert rel <= 1e-4, f"{name}: {rel:.2e}"
+
+    two = group("reshard-a", 2, snap3, 3)  # unchanged size
+    loss2 = ray.get([r.train_step.remote(3, False) for r in two])[0]["loss"]
+    w2 = ray.get(two[0].state_dict.remote())
+    close(two)
+    one = group("reshard-b", 1, snap3, 3)  # 2 -> 1
+    loss1 = ray.get(one[0].train_step.remote(3, False))["loss"]
+    assert abs(loss1 - loss2) <= 1e-5 * max(abs(loss2), 1e-3), (loss1, loss2)
+    close_enough(w2, ray.get(one[0].state_dict.remote()))
+    # 1 -> 2: a snapshot written by one rank, restored by two
+    root1 = tmp_path / "from-one"
+    ray.get(one[0].snapshot.remote(str(root1)))
+    assert ray.get(one[0].wait_snapshot.remote())["ok"]
+    ray.get(one[0].commit_snapshot.remote(str(root1), 4, {}))
+    loss_one_next = ray.get(one[0].train_step.remote(4, False))["loss"]
+    w_one_next = ray.get(one[0].state_dict.remote())
+    close(one)
+    ranks = group("reshard-c", 2, str(snapshot_dir(root1, 4)), 4)
+    loss_two_next = ray.get([r.train_step.remote(4, False) for r in ranks])[0]["loss"]
+    assert abs(loss_two_next - loss_one_next) <= 1e-5 * max(abs(loss_one_next), 1e-3)
+    close_enough(w_one_next, ray.get(ranks[0].state_dict.remote()))
+    close(ranks)
