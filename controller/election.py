@@ -21,7 +21,8 @@ import time
 from collections.abc import Sequence
 
 from . import keys
-from .store import Compare, Delete, EtcdError, Get, KeptLease, Op, Put, Store, TxnResult
+from .store import Compare, Delete, EtcdError, Get, Op, Put, Store, TxnResult
+from .watch import KeptLease
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import keys
-from .store import EtcdError, KeptLease, Store, Watch
+from .store import EtcdError, Store
+from .watch import KeptLease, Watch
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from typing import Any, Protocol
 from . import jobs, keys
 from .election import Election, NotLeader
 from .events import EventLog
-from .store import Compare, Delete, EtcdError, KeptLease, Put, Store
+from .store import Compare, Delete, EtcdError, Put, Store
+from .watch import KeptLease
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -375,6 +374,3 @@ def runner_factory(ray_address: str | None, etcd: str) -> Any:
         return JobRunner(controller, rec, ray_address, etcd)
 
     return make
-
-
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
