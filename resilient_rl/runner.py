@@ -134,7 +134,7 @@ class JobRunner:
         spec, s, rollouts = self.spec, self.spec.async_.max_staleness, self.rollouts
         planned = k - 1
         queue: deque[tuple[int, int, list[int]]] = deque()
-        inflight: dict[Any, tuple[int, int, list[int], int]] = {}  # ref -> (step, shard, prompts, worker)
+        inflight: dict[Any, tuple[int, int, list[int], int, float]] = {}  # ref -> (step, shard, prompts, worker, sent)
         done: dict[int, dict[int, dict[str, Any]]] = {}
         train_refs: list[Any] = []
         t_step = time.monotonic()
@@ -151,7 +151,8 @@ class JobRunner:
                 w = min(rollouts.idle)
                 rollouts.idle.discard(w)
                 step, shard, idx = queue.popleft()
-                inflight[rollouts.workers[w].generate_shard.remote(step, shard, idx)] = (step, shard, idx, w)
+                ref = rollouts.workers[w].generate_shard.remote(step, shard, idx)
+                inflight[ref] = (step, shard, idx, w, time.monotonic())
             if not train_refs and k in done and len(done[k]) == self._num_shards():
                 self._check_staleness(k, done[k])
                 train_refs = [t.train_step.remote(k) for t in self.trainers.ranks]
@@ -190,8 +191,9 @@ class JobRunner:
                     snaps = SnapshotFlow(self, self.trainers)
                 t_step = time.monotonic()
                 log.info("job %s step %d committed: reward %.3f", self.job, k - 1, metrics["reward"])
+            self._watchdog(inflight, queue)
             for ref in [r for r in ready if r in inflight]:
-                step, shard, idx, w = inflight.pop(ref)
+                step, shard, idx, w, _ = inflight.pop(ref)
                 try:
                     result = ray.get(ref)
                 except RayActorError as e:  # the worker died: its shard goes back to the queue
@@ -205,6 +207,21 @@ class JobRunner:
                     refs = [ShardRef(**done[step][i]["ref"]) for i in range(self._num_shards())]
                     self.journal.commit_batch(step, refs)
         return snaps
+
+    def _watchdog(self, inflight: dict[Any, tuple[int, int, list[int], int, float]], queue: deque[Any]) -> None:
+        """A worker with a shard in flight for longer than ``fault.hang_timeout`` is hung
+        (stopped, deadlocked, starved): kill and replace it, re-queue its shard."""
+        limit = self.spec.fault.hang_timeout
+        now = time.monotonic()
+        for ref, (step, shard, idx, w, sent) in list(inflight.items()):
+            if now - sent <= limit:
+                continue
+            del inflight[ref]
+            queue.appendleft((step, shard, idx))
+            self.c.event(self.job, "rollout_hang", f"rollout worker {w} made no progress on shard {step}/{shard} "
+                         f"for {now - sent:.1f}s (hang_timeout {limit:g}s)", worker=w,
+                         detection_s=round(now - sent, 2))  # fmt: skip
+            self.rollouts.fault(w, TimeoutError(f"hung for {now - sent:.0f}s"), self.version, self.weights)
 
     def _want(self, group: str) -> int:
         """Desired size of a group (``rrl scale`` writes it; the spec gives the start)."""

@@ -375,3 +375,30 @@ def test_snapshot_restores_across_world_sizes(platform: LivePlatform, tmp_path: 
     assert abs(loss_two_next - loss_one_next) <= 1e-5 * max(abs(loss_one_next), 1e-3)
     close_enough(w_one_next, ray.get(ranks[0].state_dict.remote()))
     close(ranks)
+
+
+def test_hung_and_killed_rollout_workers_are_replaced(platform: LivePlatform, tmp_path: Path) -> None:
+    """SIGSTOP a rollout worker past the hang timeout and SIGKILL another mid-run: both are
+    detected (watchdog / actor error), replaced, and no shard is lost or counted twice."""
+    import os
+    import signal
+
+    from controller import events, jobs
+
+    work = tmp_path / "hang"
+    steps = 50
+    job = platform.submit(_spec("e2e-hang", work, rollout={"replicas": 2}, trainer={"replicas": 1}, steps=steps,
+                                fault={"hang_timeout": 3.0}))  # fmt: skip
+    _wait_step(platform, job, 3)
+    members = jobs.get(platform.store, job).members["rollout"]
+    os.kill(members["0"]["pid"], signal.SIGSTOP)  # hung: alive, but no progress
+    _wait_event(platform, job, "rollout_hang")
+    os.kill(members["1"]["pid"], signal.SIGKILL)  # crashed
+    rec = platform.wait(job)
+    assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+    evs = events.read(platform.store, job, limit=1000)
+    hang = next(e for e in evs if e["kind"] == "rollout_hang")
+    assert hang["worker"] == 0 and hang["detection_s"] >= 3.0
+    assert any(e["kind"] == "rollout_fault" and e["worker"] == 1 for e in evs)
+    assert sum(e["kind"] == "rollout_joined" for e in evs) >= 2
+    _check_journal(work, steps, 4, 4, 3)
