@@ -186,7 +186,7 @@ class TrainerGroup:
         import ray
 
         from .checkpointing import choose_restore
-        from .trainer import TrainerRank
+        from .trainer import trainer_actor
 
         self.kill()
         ray.get(
@@ -197,7 +197,7 @@ class TrainerGroup:
             .ping.remote()
         )  # fmt: skip
         restore, s = choose_restore(self.r, k)
-        cls = ray.remote(concurrency_groups={"io": 1})(TrainerRank)  # "io": snapshot waits beside training
+        cls = trainer_actor()
         t = self.r.spec.trainer
         self.ranks = [
             cls.options(

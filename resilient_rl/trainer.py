@@ -63,6 +63,12 @@ def batch_tensors(samples: list[dict[str, Any]], pad: int) -> dict[str, torch.Te
     return {"input_ids": ids, "attention_mask": attn, "completion_mask": comp}
 
 
+def trainer_actor() -> Any:
+    """``TrainerRank`` as a Ray actor class, with the ``io`` concurrency group its snapshot
+    waits run in (beside training). Use this, never a bare ``ray.remote(TrainerRank)``."""
+    return ray.remote(concurrency_groups={"io": 1})(TrainerRank)
+
+
 def _disk_note(path: Path) -> str:
     """Free space where a snapshot failed: torch's writers often hide ENOSPC behind other errors."""
     import shutil

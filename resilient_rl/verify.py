@@ -42,7 +42,7 @@ def replay_digest(
     """
     import ray
 
-    from .trainer import TrainerRank
+    from .trainer import trainer_actor
 
     if not ray.is_initialized():
         ray.init(address=ray_address, namespace=NAMESPACE, log_to_driver=False)
@@ -50,7 +50,7 @@ def replay_digest(
     model_dir = spec.model.path or str(workdir / "model")
     world = spec.trainer.replicas
     member_job = f"verify-{spec.name}"[:63].rstrip("-")
-    cls = ray.remote(concurrency_groups={"io": 1})(TrainerRank)
+    cls = trainer_actor()
     ranks: list[Any] = [
         cls.options(num_cpus=spec.trainer.num_cpus).remote(
             member_job, r, world, spec.to_json(), model_dir, str(workdir), etcd

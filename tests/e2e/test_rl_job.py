@@ -64,7 +64,7 @@ def test_vllm_job_commits_steps_and_weight_sync_matches_hf(platform: LivePlatfor
     ray = platform.ray()
     from resilient_rl.engines import HFEngine, Sampling
     from resilient_rl.rollout import RolloutWorker
-    from resilient_rl.trainer import TrainerRank
+    from resilient_rl.trainer import trainer_actor
 
     spec_json = rec.spec
     import json
@@ -72,9 +72,7 @@ def test_vllm_job_commits_steps_and_weight_sync_matches_hf(platform: LivePlatfor
     sj = json.dumps(spec_json)
     model_dir = str(work / "model")
     env = {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
-    rank = (
-        ray.remote(TrainerRank).options(num_cpus=0.5).remote(job, 0, 1, sj, model_dir, str(work), platform.data["etcd"])
-    )
+    rank = trainer_actor().options(num_cpus=0.5).remote(job, 0, 1, sj, model_dir, str(work), platform.data["etcd"])
     master = ray.get(rank.address.remote())
     ray.get(rank.setup.remote(master))
     out = ray.get(rank.train_step.remote(0))
@@ -117,13 +115,13 @@ def test_hf_job_with_staleness_and_world_size_invariance(platform: LivePlatform,
     import json
 
     ray = platform.ray()
-    from resilient_rl.trainer import TrainerRank
+    from resilient_rl.trainer import trainer_actor
 
     sj = json.dumps(rec.spec)
     model_dir = str(work / "model")
     finals = []
     for world in (1, 2):
-        cls = ray.remote(TrainerRank).options(num_cpus=0.5)
+        cls = trainer_actor().options(num_cpus=0.5)
         ranks = [
             cls.remote(f"{job}-w{world}", r, world, sj, model_dir, str(work), platform.data["etcd"])
             for r in range(world)
@@ -139,13 +137,17 @@ def test_hf_job_with_staleness_and_world_size_invariance(platform: LivePlatform,
     one, two = finals
     assert one.keys() == two.keys()
     init = __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(Path(model_dir) / "model.safetensors"))
-    moved = 0
+    # relative over the whole model, plus an absolute bound per tensor: a per-tensor relative
+    # bound is meaningless for zero-initialised biases whose true gradient is 0 (k_proj.bias
+    # shifts every attention logit equally), where AdamW turns float noise into tiny updates
+    a = torch.cat([one[n].double().flatten() for n in sorted(one)])
+    b = torch.cat([two[n].double().flatten() for n in sorted(one)])
+    rel = float((a - b).norm() / a.norm())
+    assert rel <= 1e-6, f"1 vs 2 ranks differ by {rel:.2e} relative"
     for name in one:
-        a, b = one[name].double(), two[name].double()
-        rel = (a - b).norm() / max(a.norm(), 1e-12)
-        assert rel <= 1e-6, f"{name}: 1 vs 2 ranks differ by {rel:.2e} relative"
-        moved += int(not torch.equal(one[name], init[name]))
-    assert moved > 0  # training changed the weights at all
+        diff = float((one[name].double() - two[name].double()).abs().max())
+        assert diff <= 1e-5, f"{name}: 1 vs 2 ranks differ by {diff:.2e}"  # lr x steps x noise scale
+    assert any(not torch.equal(one[n], init[n]) for n in one)  # training changed the weights at all
 
 
 def test_missing_model_path_fails_job_with_clear_reason(platform: LivePlatform, tmp_path: Path) -> None:
@@ -326,7 +328,7 @@ def test_snapshot_restores_across_world_sizes(platform: LivePlatform, tmp_path: 
     import json
 
     from checkpoints.snapshots import snapshot_dir
-    from resilient_rl.trainer import TrainerRank
+    from resilient_rl.trainer import trainer_actor
 
     work = tmp_path / "reshard"
     spec = _spec("e2e-reshard", work, steps=5, algorithm={"kl_coef": 0.05},
@@ -338,7 +340,7 @@ def test_snapshot_restores_across_world_sizes(platform: LivePlatform, tmp_path: 
     sj, model_dir = json.dumps(rec.spec), str(work / "model")
 
     def group(name: str, world: int, restore: str, step: int) -> list:
-        cls = ray.remote(concurrency_groups={"io": 1})(TrainerRank).options(num_cpus=0.5)
+        cls = trainer_actor().options(num_cpus=0.5)
         ranks = [cls.remote(name, r, world, sj, model_dir, str(work), platform.data["etcd"]) for r in range(world)]
         master = ray.get(ranks[0].address.remote())
         assert {x["step"] for x in ray.get([r.setup.remote(master, restore) for r in ranks])} == {step}
