@@ -133,11 +133,3 @@ class Journal:
         for r in refs:
             samples.extend(self.read_shard(r)["samples"])
         return samples
-
-    def complete_steps(self) -> list[int]:
-        out = []
-        if self.root.exists():
-            for d in sorted(self.root.glob("step-*")):
-                if (d / "batch.json").exists():
-                    out.append(int(d.name.split("-")[1]))
-        return out

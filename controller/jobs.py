@@ -19,7 +19,6 @@ from typing import Any
 from . import keys
 from .store import Compare, Put, Store
 
-PHASES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 

@@ -10,22 +10,10 @@ journal file (digest check), shows up as a mismatch or an error.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .runner import NAMESPACE, job_workdir
 from .spec import JobSpec
-
-
-@dataclass
-class VerifyResult:
-    steps: int
-    expected: str | None
-    actual: str
-
-    @property
-    def match(self) -> bool:
-        return self.expected == self.actual
 
 
 def replay_digest(
