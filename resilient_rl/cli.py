@@ -462,6 +462,9 @@ def verify(
     raise typer.Exit(1)
 
 
+app.add_typer(__import__("resilient_rl.chaos.cli", fromlist=["app"]).app, name="chaos")  # rrl chaos ...
+
+
 def main() -> None:
     # Ray (started by our controllers) must bind loopback only; see docs/architecture.md
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

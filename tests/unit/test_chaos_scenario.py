@@ -1,0 +1,90 @@
+"""Chaos scenarios: validation names the bad field, random schedules are reproducible,
+the shipped scenarios load, durations parse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from resilient_rl.chaos.cli import parse_duration
+from resilient_rl.chaos.scenario import (
+    FAULT_KINDS,
+    RandomFaults,
+    ScenarioError,
+    job_spec_dict,
+    load_scenario,
+    parse_scenario,
+    random_schedule,
+)
+from resilient_rl.spec import parse_spec
+from tests.conftest import REPO
+
+JOB = {"name": "j", "model": {"init": {}}}
+
+
+def _err(data: dict) -> str:
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(data, "s.yaml")
+    return str(e.value)
+
+
+def test_errors_name_the_field() -> None:
+    msg = _err({"name": "x", "job": JOB, "faults": [{"kind": "rollout_kil", "at": {"step": 1}}]})
+    assert "s.yaml: invalid scenario" in msg and "faults.0.kind" in msg
+    assert "faults.0.at" in _err({"name": "x", "job": JOB, "faults": [{"kind": "rollout_kill", "at": {}}]})
+    msg = _err({"name": "x", "job": JOB, "faults": [{"kind": "rollout_hang", "at": {"time_s": 3}}]})
+    assert "faults.0" in msg and "needs duration_s" in msg
+    assert "cluster.etcd_members" in _err({"name": "x", "job": JOB, "cluster": {"etcd_members": 2}})
+    assert "exactly one of job" in _err({"name": "x"})
+    assert "cluster.bogus" in _err({"name": "x", "job": JOB, "cluster": {"bogus": 1}})
+
+
+def test_kinds_that_need_a_cluster_shape_say_so() -> None:
+    base = {"name": "x", "job": JOB}
+    assert "checkpoint_tmpfs_mb" in _err({**base, "faults": [{"kind": "disk_full", "at": {"step": 1}}]})
+    f = [{"kind": "etcd_member_kill", "at": {"step": 1}, "duration_s": 2}]
+    assert "etcd_members: 3" in _err({**base, "faults": f})
+    assert "ray_nodes >= 2" in _err({**base, "faults": [{"kind": "ray_node_remove", "at": {"step": 1}}]})
+
+
+def test_random_schedule_is_reproducible_and_bounded() -> None:
+    r = RandomFaults(mtbf_s=30, seed=4, kinds=["rollout_kill", "rollout_hang", "trainer_kill"], start_s=10, stop_s=1810)
+    a, b = random_schedule(r), random_schedule(r)
+    assert [(f.kind, f.at.time_s) for f in a] == [(f.kind, f.at.time_s) for f in b]
+    times = [f.at.time_s for f in a]
+    assert all(t is not None and 10 < t <= 1810 for t in times) and times == sorted(times)
+    assert 40 <= len(a) <= 80  # ~60 expected at one per 30 s over 1800 s
+    assert {f.kind for f in a} == {"rollout_kill", "rollout_hang", "trainer_kill"}
+    assert all(f.duration_s for f in a if f.kind == "rollout_hang")
+    other = random_schedule(r.model_copy(update={"seed": 5}))
+    assert [f.at.time_s for f in other] != times
+
+
+def test_shipped_scenarios_load_and_smoke_covers_its_kinds() -> None:
+    smoke = load_scenario(REPO / "scenarios" / "smoke.yaml")
+    kinds = {f.kind for f in smoke.schedule()}
+    assert len(kinds) >= 8 and kinds <= set(FAULT_KINDS)
+    assert {"rollout_kill", "rollout_hang", "trainer_kill", "leader_kill", "snapshot_corrupt", "disk_full"} <= kinds
+    parse_spec(job_spec_dict(smoke))  # its job is a valid job spec
+    soak = load_scenario(REPO / "scenarios" / "soak.yaml")
+    assert soak.random is not None and soak.schedule()
+    parse_spec(job_spec_dict(soak, REPO / "scenarios" / "soak.yaml"))
+    assert len(FAULT_KINDS) >= 10
+
+
+def test_job_file_is_read_relative_to_the_scenario(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text("name: from-file\nmodel: {init: {}}\n")
+    sc = tmp_path / "sc.yaml"
+    sc.write_text("name: x\njob_file: job.yaml\n")
+    assert job_spec_dict(load_scenario(sc), sc)["name"] == "from-file"
+    (tmp_path / "bad.yaml").write_text("name: x\njob_file: job.yaml\nfaults: [{kind: scale, at: {step: 1}}]\n")
+    with pytest.raises(ScenarioError, match="scale needs rollout"):
+        load_scenario(tmp_path / "bad.yaml")
+
+
+def test_durations() -> None:
+    assert parse_duration("90") == 90 and parse_duration("30s") == 30
+    assert parse_duration("1h") == 3600 and parse_duration("1h30m") == 5400
+    with pytest.raises(ValueError):
+        parse_duration("soon")
