@@ -9,7 +9,7 @@ RRL := $(VENV)/bin/rrl
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup etcd lint test demo down clean
+.PHONY: setup etcd chromium lint test demo down clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed")'
@@ -22,10 +22,13 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-setup: $(STAMP) etcd
+setup: $(STAMP) etcd chromium
 
 etcd:
 	@deploy/local/install-etcd.sh
+
+chromium:
+	@deploy/local/install-chromium.sh
 
 lint: setup
 	$(VENV)/bin/ruff check .

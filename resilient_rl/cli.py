@@ -45,6 +45,14 @@ EtcdOpt = Annotated[
     ),
 ]
 OutputOpt = Annotated[str, typer.Option("--output", "-o", help="table or json.")]
+ApiOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api",
+        envvar="RRL_API",
+        help="Controller API URL, e.g. http://127.0.0.1:8470 (default: a controller registered in etcd).",
+    ),
+]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -84,6 +92,76 @@ def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
         fail(f"etcd error: {e}")
 
 
+def _api(etcd: str | None, api: str | None = None) -> Any:
+    """The client for job operations: ``--api``, else a controller registered in etcd (leader
+    first), else the same API in-process against etcd (see controller/http/client.py)."""
+    from controller.http.client import ApiClient
+
+    from .local import read_token
+
+    if api:
+        return ApiClient([api.rstrip("/")], read_token())
+    store = _store(etcd)
+    return _guard(ApiClient.discover, store, read_token(), lambda: _local_app(store))
+
+
+def _local_app(store: Any, served_by: str = "rrl (in-process)") -> Any:
+    from controller.http.api import create_app
+
+    return create_app(store, token=None, served_by=served_by, validate_spec=_validate_spec, metrics_path=_metrics_path)
+
+
+def _validate_spec(data: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """The API's spec check (raises pydantic's ValidationError, which the API turns into a 422)."""
+    from .spec import JobSpec
+
+    spec = JobSpec.model_validate(data)
+    return spec.name, spec.to_json(), {"rollout": spec.rollout.replicas, "trainer": spec.trainer.replicas}
+
+
+_workdirs: dict[tuple[str, float], Path] = {}
+
+
+def _metrics_path(rec: Any) -> Path | None:
+    """Where the job's runner writes metrics.jsonl (read by the page's plots when on this host)."""
+    key = (rec.id, rec.desired.get("submitted_at", 0.0))
+    if key not in _workdirs:
+        from .runner import job_workdir
+        from .spec import JobSpec
+
+        try:
+            _workdirs[key] = job_workdir(JobSpec.model_validate(rec.spec)) / "metrics.jsonl"
+        except ValueError:  # a spec from another version of rrl: no plots from files
+            return None
+    return _workdirs[key]
+
+
+def _jp(job: str, tail: str = "") -> str:
+    """The API path of a job (its id checked here: an id with '/' in it would be another path)."""
+    from controller.keys import check_job_id
+
+    return f"/api/v1/jobs/{_guard(check_job_id, job)}{tail}"
+
+
+def _call(client: Any, method: str, path: str, body: Any = None, **params: Any) -> Any:
+    """One API call; API and connection errors become clear CLI errors (exit 1, or 2 for 422)."""
+    from controller.http.client import ApiError, Unreachable
+
+    try:
+        if method == "GET":
+            return client.get(path, **params)
+        return client.post(path, body)
+    except ApiError as e:
+        where = f" (controller {client.url})" if client.url else ""
+        if e.status == 401:
+            fail(f"the API refused the request{where}: {e.message}. Set RRL_TOKEN or check $RRL_HOME/token.")
+        if e.status == 503:
+            fail(f"cannot reach etcd ({e.message}). Is it running? `rrl up` starts a local one.")
+        fail(e.message, 2 if e.status == 422 else 1)
+    except Unreachable as e:
+        fail(f"{e}. Is a controller running? `rrl up` starts one.")
+
+
 def _check_output(output: str) -> None:
     if output not in ("table", "json"):
         fail(f"--output must be 'table' or 'json', not {output!r}", 2)
@@ -117,8 +195,6 @@ def run(
     name: Annotated[str | None, typer.Option("--name", help="Override the job's name (its id).")] = None,
 ) -> None:
     """One shot: `rrl up`, submit the job, follow it to the end (the platform stays up)."""
-    from controller import jobs
-
     from .local import Platform, PlatformError
     from .spec import SpecError, load_spec
 
@@ -130,11 +206,10 @@ def run(
         data = Platform().up(progress=out.print)
     except PlatformError as e:
         fail(str(e))
-    store = _store(data["etcd"])
-    desired = {"rollout": spec.rollout.replicas, "trainer": spec.trainer.replicas}
-    _guard(jobs.submit, store, spec.name, spec.to_json(), desired)
+    client = _api(data["etcd"])
+    _call(client, "POST", "/api/v1/jobs", {"spec": json.loads(spec.to_json())})
     out.print(f"submitted job [bold]{spec.name}[/] ({spec.steps} steps)")
-    raise typer.Exit(_follow(store, spec.name))
+    raise typer.Exit(_follow(client, spec.name))
 
 
 @app.command("init-model")
@@ -179,20 +254,70 @@ def controller(
     ray_address: Annotated[str | None, typer.Option("--ray-address", envvar="RAY_ADDRESS")] = None,
     id: Annotated[str | None, typer.Option("--id", help="Controller id (default host-pid).")] = None,
     ttl: Annotated[int, typer.Option(min=2, help="Leader lease TTL in seconds.")] = 5,
+    http_host: Annotated[
+        str, typer.Option("--http-host", envvar="RRL_HTTP_HOST", help="Address the API and page bind (loopback).")
+    ] = "127.0.0.1",
+    http_port: Annotated[int, typer.Option("--http-port", min=0, max=65535, help="0: any free port.")] = 0,
+    token_file: Annotated[
+        Path | None, typer.Option("--token-file", help="API token for mutations (default $RRL_HOME/token; created).")
+    ] = None,
 ) -> None:
-    """Run a controller in the foreground (leader or standby). `rrl up` starts these for you."""
+    """Run a controller in the foreground (leader or standby), serving the HTTP API, the status
+    page and /metrics. `rrl up` starts these for you."""
+    from controller.http.api import create_app
+    from controller.http.server import HttpServer
     from controller.service import Controller
 
+    from .local import ensure_token, token_path
     from .runner import runner_factory  # light: Ray is imported when the first job runs
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     store = _store(etcd)
+    token = ensure_token(token_file or token_path())
+    cid = id or f"{os.uname().nodename}-{os.getpid()}"
+    app_ = create_app(store, token=token, served_by=cid, validate_spec=_validate_spec, metrics_path=_metrics_path)
+    try:
+        http = HttpServer(app_, http_host, http_port).start()
+    except OSError as e:
+        fail(f"cannot serve HTTP on {http_host}:{http_port}: {e.strerror or e}")
     c = Controller(
-        store, id, ttl=ttl, info={"ray": ray_address}, driver_factory=runner_factory(ray_address, store.endpoints)
+        store,
+        cid,
+        ttl=ttl,
+        info={"ray": ray_address, "http": http.url},
+        driver_factory=runner_factory(ray_address, store.endpoints),
     )
     signal.signal(signal.SIGTERM, lambda *_: c.stop())
     signal.signal(signal.SIGINT, lambda *_: c.stop())
-    c.run()
+    logging.getLogger(__name__).info("controller %s serves %s/", cid, http.url)
+    try:
+        c.run()
+    finally:
+        http.stop()
+
+
+@app.command()
+def ui(
+    with_token: Annotated[
+        bool, typer.Option("--with-token", help="Append #token=... so the page's actions work at once.")
+    ] = False,
+    etcd: EtcdOpt = None,
+    api: ApiOpt = None,
+) -> None:
+    """Print the URL of the live status page (served by every controller)."""
+    from controller import service
+
+    from .local import Platform, read_token
+
+    if api:
+        urls = [api.rstrip("/")]
+    else:
+        urls = [c["http"] for c in _guard(service.controllers, _store(etcd)) if c.get("http")]
+        urls = urls or list((Platform().load().get("api") or {}).values())
+    if not urls:
+        fail("no controller serves the page: `rrl up` starts one")
+    token = read_token() if with_token else None
+    print(urls[0] + "/" + (f"#token={token}" if token else ""))
 
 
 # --- jobs -------------------------------------------------------------------
@@ -204,85 +329,76 @@ def submit(
     name: Annotated[str | None, typer.Option("--name", help="Override the job's name (its id).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Show live progress until the job ends.")] = False,
     etcd: EtcdOpt = None,
+    api: ApiOpt = None,
 ) -> None:
     """Validate a job file and submit it; the leader controller picks it up."""
-    from controller import jobs
-
     from .spec import SpecError, load_spec
 
     try:
         spec = load_spec(job_file, {"name": name} if name else None)
     except SpecError as e:
         fail(str(e), 2)
-    store = _store(etcd)
-    _guard(
-        jobs.submit,
-        store,
-        spec.name,
-        spec.to_json(),
-        {"rollout": spec.rollout.replicas, "trainer": spec.trainer.replicas},
-    )
+    client = _api(etcd, api)
+    _call(client, "POST", "/api/v1/jobs", {"spec": json.loads(spec.to_json())})
     out.print(f"submitted job [bold]{spec.name}[/] ({spec.steps} steps). Follow it with `rrl status {spec.name}`.")
     if follow:
-        raise typer.Exit(_follow(store, spec.name))
+        raise typer.Exit(_follow(client, spec.name))
 
 
-def _follow(store: Any, job: str) -> int:
+def _follow(client: Any, job: str) -> int:
     """Live progress bar until the job ends; prints a summary. Returns the exit code."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from controller import jobs
+    from controller.jobs import TERMINAL
 
-    rec = _guard(jobs.get, store, job)
-    total = int(rec.spec.get("steps", 0))
+    rec = _call(client, "GET", _jp(job))
+    total = int(rec["spec"].get("steps", 0))
     cols = [TextColumn("[bold]{task.fields[phase]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[info]}")]  # fmt: skip
     with Progress(*cols, console=out, transient=False) as bar:
-        task = bar.add_task(job, total=total, phase=rec.phase, info="")
+        task = bar.add_task(job, total=total, phase=rec["phase"], info="")
         while True:
-            rec = _guard(jobs.get, store, job)
-            st = rec.state
+            rec = _call(client, "GET", _jp(job))
+            st = rec["state"]
             reward = st.get("reward")
             info = f"policy v{st.get('policy_version', 0)}"
             if reward is not None:
                 info += f"  reward {reward:.3f}"
             if st.get("tokens_per_s"):
                 info += f"  {st['tokens_per_s']:.0f} tok/s"
-            bar.update(task, completed=st.get("step", 0), phase=rec.phase, info=info)
-            if rec.phase in jobs.TERMINAL:
+            bar.update(task, completed=st.get("step", 0), phase=rec["phase"], info=info)
+            if rec["phase"] in TERMINAL:
                 break
             time.sleep(1.0)
-    st = rec.state
+    st = rec["state"]
     took = (st.get("finished_at") or time.time()) - (st.get("started_at") or time.time())
-    colour = "green" if rec.phase == "SUCCEEDED" else "red"
-    out.print(f"[{colour}]{job} {rec.phase}[/] after {st.get('step', 0)}/{total} steps in {took:.0f}s"
+    colour = "green" if rec["phase"] == "SUCCEEDED" else "red"
+    out.print(f"[{colour}]{job} {rec['phase']}[/] after {st.get('step', 0)}/{total} steps in {took:.0f}s"
               + (f": {st['reason']}" if st.get("reason") else ""))  # fmt: skip
-    return 0 if rec.phase == "SUCCEEDED" else 1
+    return 0 if rec["phase"] == "SUCCEEDED" else 1
 
 
-def _job_row(rec: Any) -> list[str]:
-    st = rec.state
-    steps = rec.spec.get("steps", "?")
-    reward = st.get("reward")
-    n = {g: len(m) for g, m in rec.members.items()}
-    want = {g: rec.desired.get(g) for g in ("rollout", "trainer")}
-    workers = " ".join(f"{g} {n.get(g, 0)}/{want[g]}" for g in ("rollout", "trainer") if want[g] is not None)
+def _job_row(j: dict[str, Any]) -> list[str]:
+    """One table row from the API's job summary."""
+    reward = j.get("reward")
+    want, n = j.get("desired") or {}, j.get("workers") or {}
+    workers = " ".join(f"{g} {n.get(g, 0)}/{want[g]}" for g in ("rollout", "trainer") if want.get(g) is not None)
     return [
-        rec.id,
-        rec.phase,
-        f"{st.get('step', 0)}/{steps}",
-        str(st.get("policy_version", 0)),
+        j["id"],
+        j["phase"],
+        f"{j['step']}/{j['steps'] or '?'}",
+        str(j.get("policy_version", 0)),
         "-" if reward is None else f"{reward:.3f}",
         workers,
     ]
 
 
-def _jobs_table(records: list[Any]) -> Table:
+def _jobs_table(summaries: list[dict[str, Any]]) -> Table:
     t = Table(box=None, header_style="bold")
     for col in ("JOB", "PHASE", "STEP", "POLICY", "REWARD", "WORKERS"):
         t.add_column(col)
-    for rec in records:
-        t.add_row(*_job_row(rec))
+    for j in summaries:
+        t.add_row(*_job_row(j))
     return t
 
 
@@ -291,61 +407,55 @@ def status(
     job: Annotated[str | None, typer.Argument(help="A job id (default: all jobs and the controllers).")] = None,
     output: OutputOpt = "table",
     etcd: EtcdOpt = None,
+    api: ApiOpt = None,
 ) -> None:
     """Show jobs (phase, step, policy version, reward, workers) and controllers."""
-    from controller import jobs, service
-
     _check_output(output)
-    store = _store(etcd)
+    client = _api(etcd, api)
     if job is not None:
-        rec = _guard(jobs.get, store, job)
+        rec = _call(client, "GET", _jp(job))
         if output == "json":
-            out.print_json(json.dumps(rec.to_dict()))
+            out.print_json(json.dumps(rec))
             return
-        out.print(_jobs_table([rec]))
-        if rec.state.get("reason"):
-            out.print(f"reason: {rec.state['reason']}")
-        for group, members in sorted(rec.members.items()):
+        out.print(_jobs_table([rec["summary"]]))
+        if rec["state"].get("reason"):
+            out.print(f"reason: {rec['state']['reason']}")
+        for group, members in sorted(rec["members"].items()):
             for w, info in sorted(members.items()):
                 out.print(
                     f"  {group}/{w}: {info.get('status')} pid {info.get('pid')} on {info.get('node')} "
                     f"policy v{info.get('version', '-')}"
                 )
         return
-    records = _guard(jobs.list_all, store)
-    ctrls = _guard(service.controllers, store)
+    summaries = _call(client, "GET", "/api/v1/jobs")["jobs"]
+    ctrls = _call(client, "GET", "/api/v1/controllers")
     if output == "json":
-        out.print_json(json.dumps({"jobs": [r.to_dict() for r in records], "controllers": ctrls}))
+        out.print_json(json.dumps({"jobs": summaries, "controllers": ctrls}))
         return
-    if records:
-        out.print(_jobs_table(records))
-    else:
-        out.print("no jobs")
+    out.print(_jobs_table(summaries) if summaries else "no jobs")
     leader = next((c["id"] for c in ctrls if c["leader"]), None)
     out.print(f"controllers: {len(ctrls)} ({'leader ' + leader if leader else 'no leader'})")
+    if ctrls and ctrls[0].get("http"):
+        out.print(f"status page: {ctrls[0]['http']}/  (`rrl ui`)", highlight=False)
 
 
 @app.command("list")
-def list_(output: OutputOpt = "table", etcd: EtcdOpt = None) -> None:
+def list_(output: OutputOpt = "table", etcd: EtcdOpt = None, api: ApiOpt = None) -> None:
     """List jobs, one line each."""
-    from controller import jobs
-
     _check_output(output)
-    records = _guard(jobs.list_all, _store(etcd))
+    summaries = _call(_api(etcd, api), "GET", "/api/v1/jobs")["jobs"]
     if output == "json":
-        out.print_json(json.dumps([{"id": r.id, "phase": r.phase, "step": r.state.get("step", 0)} for r in records]))
-    elif records:
-        out.print(_jobs_table(records))
+        out.print_json(json.dumps([{"id": j["id"], "phase": j["phase"], "step": j["step"]} for j in summaries]))
+    elif summaries:
+        out.print(_jobs_table(summaries))
     else:
         out.print("no jobs")
 
 
 @app.command()
-def cancel(job: Annotated[str, typer.Argument(help="Job id.")], etcd: EtcdOpt = None) -> None:
+def cancel(job: Annotated[str, typer.Argument(help="Job id.")], etcd: EtcdOpt = None, api: ApiOpt = None) -> None:
     """Cancel a job: the leader stops its workers and marks it CANCELLED."""
-    from controller import jobs
-
-    _guard(jobs.cancel, _store(etcd), job)
+    _call(_api(etcd, api), "POST", _jp(job, "/cancel"))
     out.print(f"cancel requested for {job}")
 
 
@@ -355,14 +465,13 @@ def scale(
     rollout: Annotated[int | None, typer.Option(min=1, help="New rollout worker count.")] = None,
     trainer: Annotated[int | None, typer.Option(min=1, help="New trainer world size.")] = None,
     etcd: EtcdOpt = None,
+    api: ApiOpt = None,
 ) -> None:
     """Change a job's group sizes (desired state); the leader reconciles toward it."""
-    from controller import jobs
-
     groups = {k: v for k, v in (("rollout", rollout), ("trainer", trainer)) if v is not None}
     if not groups:
         fail("give --rollout N and/or --trainer M", 2)
-    desired = _guard(jobs.scale, _store(etcd), job, **groups)
+    desired = _call(_api(etcd, api), "POST", _jp(job, "/scale"), groups)["desired"]
     out.print(f"{job}: desired " + ", ".join(f"{g} {desired[g]}" for g in groups))
 
 
@@ -372,23 +481,24 @@ def events(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events.")] = False,
     output: OutputOpt = "table",
     etcd: EtcdOpt = None,
+    api: ApiOpt = None,
 ) -> None:
-    """Print a job's event log (faults, recoveries, scaling, leader changes)."""
-    from controller import events as ev
-    from controller import jobs
-
+    """Print a job's event log (faults, recoveries, scaling, leader changes); -f follows it."""
     _check_output(output)
-    store = _store(etcd)
-    _guard(jobs.get, store, job)
+    client = _api(etcd, api)
     last = -1
     while True:
-        for e in _guard(ev.read, store, job, last, 1000):
-            last = e["seq"]
+        page = _call(client, "GET", _jp(job, "/events"), after=last, limit=1000)
+        for e in page["events"]:
             if output == "json":
                 print(json.dumps(e), flush=True)
             else:
                 ts = time.strftime("%H:%M:%S", time.localtime(e["time"]))
-                out.print(f"{ts} [bold]{e['kind']:<12}[/] {e['message']}", highlight=False)
+                took = f" ({e['seconds']:.1f}s)" if isinstance(e.get("seconds"), int | float) else ""
+                out.print(f"{ts} [bold]{e['kind']:<12}[/] {e['message']}{took}", highlight=False)
+        last = page["next_after"]
+        if len(page["events"]) == 1000:
+            continue  # more pages waiting
         if not follow:
             return
         time.sleep(1.0)
@@ -396,25 +506,27 @@ def events(
 
 @app.command()
 def checkpoints(
-    job: Annotated[str, typer.Argument(help="Job id.")], output: OutputOpt = "table", etcd: EtcdOpt = None
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    output: OutputOpt = "table",
+    etcd: EtcdOpt = None,
+    api: ApiOpt = None,
 ) -> None:
     """List a job's committed snapshots (step, size, blocking and total seconds, status)."""
-    from controller import jobs
-
     _check_output(output)
-    rec = _guard(jobs.get, _store(etcd), job)
+    client = _api(etcd, api)
+    rows = _call(client, "GET", _jp(job, "/checkpoints"))
     if output == "json":
-        out.print_json(json.dumps(rec.checkpoints))
+        out.print_json(json.dumps(rows))
         return
-    if not rec.checkpoints:
-        out.print(f"{job}: no committed snapshots yet (one every {rec.spec.get('checkpoint', {}).get('every')} steps)")
+    if not rows:
+        every = _call(client, "GET", _jp(job))["spec"].get("checkpoint", {}).get("every")
+        out.print(f"{job}: no committed snapshots yet (one every {every} steps)")
         return
     t = Table(box=None, header_style="bold")
     for col in ("STEP", "SIZE", "BLOCKING S", "TOTAL S", "STATUS", "PATH"):
         t.add_column(col)
-    current = rec.state.get("checkpoint")
-    for c in sorted(rec.checkpoints, key=lambda c: c["step"]):
-        status = "committed, latest" if c["step"] == current else "committed"
+    for c in rows:
+        status = c["status"]
         t.add_row(str(c["step"]), f"{c.get('bytes', 0) / 1e6:.1f} MB", f"{c.get('blocking_s', 0):.3f}",
                   f"{c.get('seconds', 0):.2f}", status, c.get("uri", ""))  # fmt: skip
     out.print(t)
@@ -430,18 +542,16 @@ def verify(
     final weights with the job's. Prints match / mismatch; exits 1 on mismatch."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from controller import jobs
-
     from .local import Platform
     from .spec import JobSpec
 
     store = _store(etcd)
-    rec = _guard(jobs.get, store, job)
-    expected = rec.state.get("weights_digest")
+    rec = _call(_api(etcd), "GET", _jp(job))
+    expected = rec["state"].get("weights_digest")
     if not expected:
-        fail(f"{job} has no final weight digest (phase {rec.phase}); verify runs on a SUCCEEDED job")
-    spec = JobSpec.model_validate(rec.spec)
-    steps = int(rec.state["step"])
+        fail(f"{job} has no final weight digest (phase {rec['phase']}); verify runs on a SUCCEEDED job")
+    spec = JobSpec.model_validate(rec["spec"])
+    steps = int(rec["state"]["step"])
     ray_addr = ray_address or Platform().load().get("ray")
     from .verify import replay_digest
 

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -34,6 +35,35 @@ class PlatformError(RuntimeError):
 
 def rrl_home() -> Path:
     return Path(os.environ.get("RRL_HOME") or Path.home() / ".rrl").expanduser()
+
+
+def token_path(home: Path | None = None) -> Path:
+    """The API token file: ``$RRL_HOME/token`` (mode 0600)."""
+    return (home or rrl_home()) / "token"
+
+
+def ensure_token(path: Path) -> str:
+    """Return the API token in ``path``, creating it (random, mode 0600) if it is missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return path.read_text().strip()
+
+
+def read_token(home: Path | None = None) -> str | None:
+    """The token the CLI sends: ``$RRL_TOKEN``, else ``$RRL_HOME/token``, else None."""
+    if os.environ.get("RRL_TOKEN"):
+        return os.environ["RRL_TOKEN"].strip()
+    try:
+        return token_path(home).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def free_port() -> int:
@@ -275,18 +305,27 @@ class Platform:
         data["processes"] = procs
         self.save(data)
 
+        ensure_token(token_path(self.home))  # before any controller: they all serve with it
+        api = dict(data.get("api") or {})
         for i in range(controllers):
             name = f"controller-{i}"
             if name in procs:
                 continue
-            progress(f"starting controller {name}")
+            # the same HTTP port as last time if it is free, so a bookmarked page keeps working
+            port = ports.get(f"http_{i}")
+            if not port or port_open("127.0.0.1", port):
+                port = ports[f"http_{i}"] = free_port()
+            progress(f"starting controller {name} (http://127.0.0.1:{port}/)")
             argv = [
                 sys.executable, "-m", "resilient_rl.cli", "controller",
                 "--etcd", data["etcd"], "--ray-address", data["ray"],
                 "--id", f"{socket.gethostname()}-{i}",
+                "--http-port", str(port), "--token-file", str(token_path(self.home)),
             ]  # fmt: skip
             p = ManagedProcess.spawn(name, argv, logs / f"{name}.log", env={**ray_env(), "RRL_HOME": str(self.home)})
             procs[name] = {"pid": p.pid, "log": str(logs / f"{name}.log")}
+            api[name] = f"http://127.0.0.1:{port}"
+            data["api"] = api
             self.save(data)
         return data
 

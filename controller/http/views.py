@@ -1,0 +1,168 @@
+"""What the API, the status page and /metrics show, computed from etcd records.
+
+Pure functions over a :class:`~controller.jobs.JobRecord` and its event log:
+no I/O here, so the page, the JSON API and the Prometheus collector agree.
+
+Faults and recoveries are read from the event log the leader writes
+(``rollout_fault``, ``rollout_hang``, ``trainer_restart`` ... see
+docs/architecture.md). A rollout worker's recovery is the first
+``rollout_joined`` of the same worker after its fault; a trainer group's is
+``trainer_recovered`` (which carries ``seconds``); the job's own is
+``recovered`` (the first step committed after a fault, with ``seconds`` from
+the detection).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..jobs import JobRecord
+
+# event kinds, by what they mean to an operator
+FAULT_KINDS = ("rollout_fault", "rollout_hang", "trainer_restart", "snapshot_failed", "snapshot_corrupt", "failed")
+RECOVERY_KINDS = ("recovered", "rollout_joined", "trainer_recovered")
+
+
+def is_fault(ev: dict[str, Any]) -> bool:
+    # a trainer restart is also how the trainer group is resized ("world size 2 -> 1: ...")
+    if ev.get("kind") == "trainer_restart":
+        return not str(ev.get("message", "")).startswith("world size")
+    return ev.get("kind") in FAULT_KINDS
+
+
+def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Recovery events, each with ``seconds`` (fault -> back) where it can be told.
+
+    ``rollout_joined`` counts only when it follows a fault of the same worker
+    (the first join of every worker is a start, not a recovery).
+    """
+    pending: dict[Any, float] = {}  # rollout worker -> time of its unrecovered fault
+    trainer_fault: float | None = None
+    out = []
+    for ev in events:
+        kind = ev.get("kind")
+        if kind in ("rollout_fault", "rollout_hang"):
+            pending.setdefault(ev.get("worker"), ev["time"])
+        elif kind == "trainer_restart" and is_fault(ev):
+            trainer_fault = ev["time"] if trainer_fault is None else trainer_fault
+        elif kind == "rollout_joined" and ev.get("worker") in pending:
+            t0 = pending.pop(ev.get("worker"))
+            out.append({**ev, "seconds": round(ev["time"] - t0, 3)})
+        elif kind == "recovered":
+            out.append(ev)
+        elif kind == "trainer_recovered":
+            if trainer_fault is not None:
+                out.append({**ev, "seconds": round(ev["time"] - trainer_fault, 3)})
+                trainer_fault = None
+    return out
+
+
+def recovered_count(events: list[dict[str, Any]]) -> int:
+    """Faults the job recovered from: its ``recovered`` events (one per fault) when the
+    leader writes them, else the worker / group recoveries."""
+    job_level = sum(1 for e in events if e.get("kind") == "recovered")
+    return job_level or len(recoveries(events))
+
+
+def restarts(events: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
+    """Restarts per ``(group, worker)`` from fault events (a trainer restart restarts every rank)."""
+    out: dict[tuple[str, str], int] = {}
+    for ev in events:
+        if ev.get("kind") in ("rollout_fault", "rollout_hang") and ev.get("worker") is not None:
+            key = ("rollout", str(ev["worker"]))
+            out[key] = out.get(key, 0) + 1
+        elif ev.get("kind") == "trainer_restart" and is_fault(ev):
+            out[("trainer", "*")] = out.get(("trainer", "*"), 0) + 1
+    return out
+
+
+def summary(rec: JobRecord, events: list[dict[str, Any]], now: float | None = None) -> dict[str, Any]:
+    """One line of the jobs overview."""
+    now = time.time() if now is None else now
+    st = rec.state
+    steps = int(rec.spec.get("steps") or 0)
+    step = int(st.get("step") or 0)
+    submitted = rec.desired.get("submitted_at")
+    end = st.get("finished_at") or now
+    return {
+        "id": rec.id,
+        "phase": rec.phase,
+        "reason": st.get("reason"),
+        "step": step,
+        "steps": steps,
+        "progress": round(step / steps, 4) if steps else 0.0,
+        "policy_version": st.get("policy_version", 0),
+        "reward": st.get("reward"),
+        "tokens_per_s": st.get("tokens_per_s"),
+        "step_seconds": st.get("step_seconds"),
+        "age_s": round(now - submitted, 1) if submitted else None,
+        "runtime_s": round(end - st["started_at"], 1) if st.get("started_at") else None,
+        "failures": sum(1 for e in events if is_fault(e)),
+        "recoveries": recovered_count(events),
+        "desired": {g: rec.desired.get(g) for g in ("rollout", "trainer")},
+        "cancel_requested": bool(rec.desired.get("cancel")),
+        "workers": {g: len(m) for g, m in rec.members.items()},
+    }
+
+
+def workers(rec: JobRecord, events: list[dict[str, Any]], now: float | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Worker rows per group, from the membership records (sorted by worker id)."""
+    now = time.time() if now is None else now
+    counts = restarts(events)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for group, members in sorted(rec.members.items()):
+        rows = []
+        for wid, info in sorted(members.items(), key=lambda kv: (len(kv[0]), kv[0])):
+            beat = info.get("progress_at")
+            rows.append(
+                {
+                    "id": wid,
+                    "node": info.get("node"),
+                    "pid": info.get("pid"),
+                    "state": info.get("status"),
+                    "policy_version": info.get("version"),
+                    "heartbeat_age_s": round(now - beat, 1) if beat else None,
+                    "restarts": counts.get((group, wid), 0) + counts.get((group, "*"), 0),
+                    "step": info.get("step"),
+                }
+            )
+        out[group] = rows
+    return out
+
+
+def checkpoint_rows(rec: JobRecord) -> list[dict[str, Any]]:
+    """The committed snapshot records, oldest first, each with a ``status``."""
+    current = rec.state.get("checkpoint")
+    return [
+        {**c, "status": "committed, latest" if c.get("step") == current else "committed"}
+        for c in sorted(rec.checkpoints, key=lambda c: c.get("step", 0))
+    ]
+
+
+def markers(events: list[dict[str, Any]], history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fault and recovery markers for the plots, placed at the number of steps committed then."""
+    times = [p["time"] for p in history if p.get("time") is not None]
+    out = []
+    recovered = {e["seq"]: e for e in recoveries(events)}
+    for ev in events:
+        if is_fault(ev):
+            what = "fault"
+        elif ev["seq"] in recovered:
+            what = "recovery"
+        else:
+            continue
+        step = ev.get("step")
+        if step is None:
+            step = sum(1 for t in times if t <= ev["time"])
+        out.append({"seq": ev["seq"], "kind": ev["kind"], "what": what, "step": step, "message": ev.get("message")})
+    return out
+
+
+def downsample(points: list[dict[str, Any]], limit: int = 600) -> list[dict[str, Any]]:
+    """At most ``limit`` points, evenly spaced, always keeping the last one."""
+    if len(points) <= limit:
+        return points
+    stride = len(points) / limit
+    picked = [points[int(i * stride)] for i in range(limit - 1)]
+    return picked + [points[-1]]

@@ -1,0 +1,250 @@
+// The status page: plain DOM, no framework, no CDN. Every value goes in through
+// textContent (never innerHTML), so a job name or an event message with HTML in it
+// shows as text.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+
+function fmt(x, digits) {
+  if (x === null || x === undefined) return "-";
+  return typeof x === "number" ? x.toFixed(digits) : String(x);
+}
+
+function age(s) {
+  if (s === null || s === undefined) return "-";
+  if (s < 120) return s.toFixed(0) + "s";
+  if (s < 7200) return (s / 60).toFixed(0) + "m";
+  return (s / 3600).toFixed(1) + "h";
+}
+
+// --- the token: from the URL fragment (#token=...) or what was typed, kept in localStorage
+
+function token() {
+  const input = $("token");
+  return input ? input.value.trim() : "";
+}
+
+function setupToken() {
+  const input = $("token");
+  if (!input) return;
+  const m = location.hash.match(/token=([^&]+)/);
+  if (m) {
+    localStorage.setItem("rrl-token", decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname);
+  }
+  input.value = localStorage.getItem("rrl-token") || "";
+  input.addEventListener("change", () => localStorage.setItem("rrl-token", input.value.trim()));
+}
+
+async function act(path, body) {
+  const out = $("action-result");
+  out.textContent = "...";
+  const resp = await fetch(path, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", Authorization: "Bearer " + token() },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const data = await resp.json().catch(() => ({}));
+  if (!resp.ok) {
+    const d = data.detail;
+    out.textContent = resp.status + ": " + (typeof d === "string" ? d : JSON.stringify(d));
+    out.className = "reason";
+    return null;
+  }
+  out.className = "muted";
+  out.textContent = "ok: " + JSON.stringify(data.desired || data);
+  return data;
+}
+
+// --- jobs overview
+
+function renderJobs(jobs) {
+  const body = $("jobs").tBodies[0];
+  body.replaceChildren();
+  for (const j of jobs) {
+    const tr = el("tr");
+    tr.dataset.job = j.id;
+    const a = el("a", j.id);
+    a.href = "/jobs/" + encodeURIComponent(j.id);
+    const name = el("td");
+    name.appendChild(a);
+    tr.appendChild(name);
+    const ph = el("td");
+    ph.appendChild(el("span", j.phase, "phase phase-" + j.phase));
+    tr.appendChild(ph);
+    tr.appendChild(el("td", j.step + " / " + j.steps));
+    const bar = el("div", null, "bar");
+    const fill = el("div");
+    fill.style.width = (100 * j.progress).toFixed(1) + "%";
+    bar.appendChild(fill);
+    const td = el("td");
+    td.appendChild(bar);
+    tr.appendChild(td);
+    tr.appendChild(el("td", fmt(j.reward, 3)));
+    tr.appendChild(el("td", age(j.age_s)));
+    tr.appendChild(el("td", j.failures));
+    tr.appendChild(el("td", j.recoveries));
+    body.appendChild(tr);
+  }
+  $("empty").hidden = jobs.length > 0;
+}
+
+async function pollJobs() {
+  try {
+    const resp = await fetch("/api/v1/jobs");
+    if (resp.ok) renderJobs((await resp.json()).jobs);
+  } catch (e) {
+    /* the controller went away: keep the last table, try again */
+  }
+  setTimeout(pollJobs, 2000);
+}
+
+// --- job page
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function svgEl(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  return e;
+}
+
+function plot(svg, points, key, markers, lastStep) {
+  svg.replaceChildren();
+  const W = 600, H = 180, L = 48, R = 8, T = 8, B = 22;
+  const pts = points.filter((p) => p[key] !== null && p[key] !== undefined);
+  const xmax = Math.max(lastStep || 1, ...pts.map((p) => p.step), 1);
+  let ymin = Math.min(...pts.map((p) => p[key]));
+  let ymax = Math.max(...pts.map((p) => p[key]));
+  if (!pts.length) { ymin = 0; ymax = 1; }
+  if (ymax - ymin < 1e-9) { ymax += 0.5; ymin -= 0.5; }
+  const x = (s) => L + ((W - L - R) * s) / xmax;
+  const y = (v) => T + (H - T - B) * (1 - (v - ymin) / (ymax - ymin));
+  svg.appendChild(svgEl("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#c9ced6" }));
+  svg.appendChild(svgEl("line", { x1: L, y1: T, x2: L, y2: H - B, stroke: "#c9ced6" }));
+  for (const [v, yy] of [[ymax, y(ymax)], [ymin, y(ymin)]]) {
+    const t = svgEl("text", { x: L - 4, y: yy + 4, "text-anchor": "end", "font-size": 10, fill: "#6b7380" });
+    t.textContent = Number(v).toPrecision(3);
+    svg.appendChild(t);
+  }
+  const t = svgEl("text", { x: W - R, y: H - 6, "text-anchor": "end", "font-size": 10, fill: "#6b7380" });
+  t.textContent = "step " + xmax;
+  svg.appendChild(t);
+  for (const m of markers) {
+    const colour = m.what === "fault" ? "#dc2626" : "#16a34a";
+    const line = svgEl("line", { x1: x(m.step), y1: T, x2: x(m.step), y2: H - B, stroke: colour,
+      "stroke-dasharray": m.what === "fault" ? "4 2" : "", "data-what": m.what });
+    const title = svgEl("title", {});
+    title.textContent = m.kind + ": " + m.message;
+    line.appendChild(title);
+    svg.appendChild(line);
+  }
+  if (pts.length) {
+    const d = pts.map((p, i) => (i ? "L" : "M") + x(p.step).toFixed(1) + " " + y(p[key]).toFixed(1)).join(" ");
+    svg.appendChild(svgEl("path", { d, fill: "none", stroke: "#3b82f6", "stroke-width": 1.5 }));
+  }
+}
+
+function renderWorkers(groups, job) {
+  const box = $("workers");
+  box.replaceChildren();
+  const names = Object.keys(groups).sort();
+  if (!names.length) box.appendChild(el("p", "no workers registered", "muted"));
+  for (const g of names) {
+    box.appendChild(el("h3", g + " (" + groups[g].length + ")"));
+    const table = el("table", null, "grid");
+    table.id = "workers-" + g;
+    const head = el("tr");
+    for (const h of ["id", "node", "pid", "state", "policy version", "last heartbeat", "restarts", ""]) head.appendChild(el("th", h));
+    table.appendChild(el("thead")).appendChild(head);
+    const body = table.appendChild(el("tbody"));
+    for (const w of groups[g]) {
+      const tr = el("tr");
+      tr.dataset.worker = w.id;
+      for (const v of [w.id, w.node, w.pid, w.state, fmt(w.policy_version, 0), age(w.heartbeat_age_s) + " ago", w.restarts]) {
+        tr.appendChild(el("td", v));
+      }
+      const btn = el("button", "kill", "danger");
+      btn.title = "chaos: SIGKILL this worker's process (only on the controller's own host)";
+      btn.addEventListener("click", () => {
+        if (confirm("Kill " + g + " worker " + w.id + " (pid " + w.pid + ")?")) {
+          act("/api/v1/jobs/" + encodeURIComponent(job) + "/workers/" + encodeURIComponent(g) + "/" + encodeURIComponent(w.id) + "/kill");
+        }
+      });
+      const td = el("td");
+      td.appendChild(btn);
+      tr.appendChild(td);
+      body.appendChild(tr);
+    }
+    box.appendChild(table);
+  }
+}
+
+function renderTable(id, rows, cells, rowClass) {
+  const body = $(id).tBodies[0];
+  body.replaceChildren();
+  for (const r of rows) {
+    const tr = el("tr", null, rowClass ? rowClass(r) : "");
+    if (r.seq !== undefined) tr.dataset.seq = r.seq;
+    if (r.kind !== undefined) tr.dataset.kind = r.kind;
+    cells(r).forEach((v, i, all) => tr.appendChild(el("td", v, i === all.length - 2 ? "msg" : "")));
+    body.appendChild(tr);
+  }
+}
+
+function renderView(v) {
+  const s = v.summary;
+  $("phase").textContent = s.phase;
+  $("phase").className = "phase phase-" + s.phase;
+  $("reason").textContent = s.reason || "";
+  $("reason").hidden = !s.reason;
+  $("step").textContent = s.step;
+  $("steps").textContent = s.steps;
+  $("bar").style.width = (100 * s.progress).toFixed(1) + "%";
+  $("policy").textContent = s.policy_version;
+  $("reward").textContent = fmt(s.reward, 3);
+  $("tps").textContent = fmt(s.tokens_per_s, 0);
+  $("failures").textContent = s.failures;
+  $("recoveries").textContent = s.recoveries;
+  $("leader").textContent = v.leader || "none";
+  $("served-by").textContent = v.served_by || "-";
+  $("controllers").textContent = v.controllers.map((c) => c.id + (c.leader ? " (leader)" : "")).join(", ");
+  plot($("plot-reward"), v.history, "reward", v.markers, s.step);
+  plot($("plot-tps"), v.history, "tokens_per_s", v.markers, s.step);
+  renderWorkers(v.workers, s.id);
+  renderTable("checkpoints", v.checkpoints.slice().reverse(), (c) => [
+    c.step, c.bytes ? (c.bytes / 1e6).toFixed(1) + " MB" : "-", fmt(c.blocking_s, 3), fmt(c.seconds, 2), c.status,
+  ]);
+  const faults = new Set(v.markers.filter((m) => m.what === "fault").map((m) => m.seq));
+  const recov = new Set(v.markers.filter((m) => m.what === "recovery").map((m) => m.seq));
+  renderTable("timeline", v.events.slice().reverse(),
+    (e) => [new Date(e.time * 1000).toLocaleTimeString(), e.kind, e.message, e.seconds !== undefined ? fmt(e.seconds, 1) + "s" : ""],
+    (e) => (faults.has(e.seq) ? "fault" : recov.has(e.seq) ? "recovery" : ""));
+  $("live").textContent = "live, updated " + new Date(v.time * 1000).toLocaleTimeString();
+}
+
+function setupJob() {
+  const job = document.body.dataset.job;
+  setupToken();
+  const initial = JSON.parse($("initial-view").textContent);
+  renderView(initial);
+  const base = "/api/v1/jobs/" + encodeURIComponent(job);
+  $("do-scale-rollout").addEventListener("click", () => act(base + "/scale", { rollout: Number($("scale-rollout").value) }));
+  $("do-scale-trainer").addEventListener("click", () => act(base + "/scale", { trainer: Number($("scale-trainer").value) }));
+  $("do-cancel").addEventListener("click", () => { if (confirm("Cancel job " + job + "?")) act(base + "/cancel"); });
+  const source = new EventSource(base + "/stream");
+  source.addEventListener("view", (ev) => renderView(JSON.parse(ev.data)));
+  source.addEventListener("trouble", (ev) => { $("live").textContent = "etcd trouble: " + JSON.parse(ev.data).detail; });
+  source.addEventListener("gone", () => { $("live").textContent = "job deleted"; source.close(); });
+  source.onerror = () => { $("live").textContent = "reconnecting..."; };
+}
+
+if (document.body.dataset.page === "job") setupJob();
+else setTimeout(pollJobs, 2000);
