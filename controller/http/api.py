@@ -280,7 +280,7 @@ def create_app(
 
     @app.get(f"{API}/jobs/{{job}}/members", tags=["jobs"])
     def get_members(job: str) -> dict[str, Any]:
-        """Workers per group from their membership records (with restarts and heartbeat age)."""
+        """Workers per group from their membership records (restarts, age of the last progress update)."""
         return views.workers(record(job), job_events(job))
 
     @app.get(f"{API}/jobs/{{job}}/checkpoints", tags=["jobs"])

@@ -122,7 +122,7 @@ def workers(rec: JobRecord, events: list[dict[str, Any]], now: float | None = No
                     "pid": info.get("pid"),
                     "state": info.get("status"),
                     "policy_version": info.get("version"),
-                    "heartbeat_age_s": round(now - beat, 1) if beat else None,
+                    "progress_age_s": round(now - beat, 1) if beat else None,  # the lease is the heartbeat
                     "restarts": counts.get((group, wid), 0) + counts.get((group, "*"), 0),
                     "step": info.get("step"),
                 }

@@ -59,7 +59,10 @@ async function act(path, body) {
     return null;
   }
   out.className = "muted";
-  out.textContent = "ok: " + JSON.stringify(data.desired || data);
+  const d = data.desired;
+  out.textContent = d
+    ? "ok: desired rollout " + d.rollout + ", trainer " + d.trainer + (d.cancel ? ", cancel" : "")
+    : "ok: " + JSON.stringify(data);
   return data;
 }
 
@@ -162,13 +165,13 @@ function renderWorkers(groups, job) {
     const table = el("table", null, "grid");
     table.id = "workers-" + g;
     const head = el("tr");
-    for (const h of ["id", "node", "pid", "state", "policy version", "last heartbeat", "restarts", ""]) head.appendChild(el("th", h));
+    for (const h of ["id", "node", "pid", "state", "policy version", "last progress", "restarts", ""]) head.appendChild(el("th", h));
     table.appendChild(el("thead")).appendChild(head);
     const body = table.appendChild(el("tbody"));
     for (const w of groups[g]) {
       const tr = el("tr");
       tr.dataset.worker = w.id;
-      for (const v of [w.id, w.node, w.pid, w.state, fmt(w.policy_version, 0), age(w.heartbeat_age_s) + " ago", w.restarts]) {
+      for (const v of [w.id, w.node, w.pid, w.state, fmt(w.policy_version, 0), age(w.progress_age_s) + " ago", w.restarts]) {
         tr.appendChild(el("td", v));
       }
       const btn = el("button", "kill", "danger");

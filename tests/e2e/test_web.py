@@ -1,0 +1,184 @@
+"""The status page in a real browser, and /metrics, against a running tiny job.
+
+Debian's Chromium, driven headless by Playwright for Python with ``executable_path``
+(Playwright never downloads a browser here). `make setup` installs Chromium
+(deploy/local/install-chromium.sh); a missing browser fails this test, it never skips.
+Screenshots go to ``build/web-screenshots/`` (or ``$RRL_WEB_SCREENSHOTS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller import events, jobs, keys
+from tests.conftest import REPO
+from tests.e2e.conftest import LivePlatform
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+JOB = "e2e-web"
+
+
+def chromium() -> str:
+    for path in (os.environ.get("RRL_CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser")):
+        if path and os.path.exists(path):
+            return path
+    pytest.fail("Chromium is not installed: run `make setup` (deploy/local/install-chromium.sh) or set RRL_CHROMIUM")
+
+
+def shots_dir() -> Path:
+    d = Path(os.environ.get("RRL_WEB_SCREENSHOTS") or REPO / "build" / "web-screenshots")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def api_url(platform: LivePlatform) -> str:
+    url = platform.data["api"]["controller-0"]
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return str(url)
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"the controller's HTTP server at {url} does not answer"
+        time.sleep(0.5)
+
+
+def step(platform: LivePlatform) -> int:
+    return int(jobs.get(platform.store, JOB).state.get("step", 0))
+
+
+@pytest.fixture(scope="module")
+def running_job(platform: LivePlatform, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A tiny HF-engine job long enough to watch (cancelled at the end)."""
+    work = tmp_path_factory.mktemp("web-job")
+    platform.submit(
+        {
+            "name": JOB,
+            "model": {"init": {}},
+            "task": {"kind": "copy", "num_prompts": 64},
+            "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 6, "n": 4}},
+            "trainer": {"replicas": 1, "lr": 0.001},
+            "prompts_per_step": 4,
+            "steps": 5000,
+            "seed": 3,
+            "checkpoint": {"dir": str(work), "every": 10},
+        }
+    )
+    deadline = time.monotonic() + 300
+    while step(platform) < 2:
+        rec = jobs.get(platform.store, JOB)
+        assert rec.phase not in jobs.TERMINAL, rec.state
+        assert time.monotonic() < deadline, "the job did not start stepping"
+        time.sleep(0.5)
+    try:
+        yield JOB
+    finally:
+        jobs.cancel(platform.store, JOB)
+        platform.wait(JOB, timeout=120)
+
+
+def committed_steps(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}  # raises on a malformed exposition
+    for name in ("rrl_job_step_seconds", "rrl_job_rollout_tokens_per_second", "rrl_job_reward", "rrl_workers"):
+        assert any(s.labels.get("job") == JOB for s in fams[name].samples), name
+    (value,) = [
+        s.value
+        for s in fams["rrl_job_committed_steps"].samples
+        if s.name == "rrl_job_committed_steps_total" and s.labels["job"] == JOB
+    ]
+    return value
+
+
+def test_metrics_scraped_during_a_run_parse_and_the_step_counter_increases(
+    platform: LivePlatform, running_job: str
+) -> None:
+    url = api_url(platform)
+    first = committed_steps(url)
+    assert first >= 2
+    deadline = time.monotonic() + 120
+    while (later := committed_steps(url)) <= first:
+        assert time.monotonic() < deadline, f"rrl_job_committed_steps stayed at {first}"
+        time.sleep(1.0)
+    assert later > first
+
+
+def test_job_page_live_scale_and_kill_a_worker(platform: LivePlatform, running_job: str) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url = api_url(platform)
+    token = (platform.home / "token").read_text().strip()
+    shots = shots_dir()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1500})
+            page.on("dialog", lambda d: d.accept())  # the kill / cancel confirmations
+            page.goto(f"{url}/#token={token}")
+            expect(page.locator(f'#jobs tr[data-job="{JOB}"]')).to_be_visible()
+            page.goto(f"{url}/jobs/{JOB}#token={token}")
+            expect(page.locator("#live")).to_contain_text("live", timeout=15_000)
+            page.evaluate("window.__notReloaded = true")  # a reload would drop this
+
+            # workers and the step advancing, without a reload
+            expect(page.locator("#workers-rollout tbody tr")).to_have_count(1)
+            expect(page.locator("#workers-trainer tbody tr")).to_have_count(1)
+            expect(page.locator("#leader")).not_to_have_text("none")
+            s0 = int(page.locator("#step").inner_text())
+            page.wait_for_function(f"Number(document.getElementById('step').textContent) >= {s0 + 2}", timeout=120_000)
+            assert page.evaluate("window.__notReloaded") is True
+            page.screenshot(path=str(shots / "job-running.png"), full_page=True)
+
+            # scale rollout 1 -> 2 from the page: etcd's desired changes, the new worker shows up
+            page.fill("#scale-rollout", "2")
+            page.click("#do-scale-rollout")
+            expect(page.locator("#action-result")).to_contain_text("ok")
+            desired = json.loads(platform.store.get(keys.desired(JOB)).value)  # type: ignore[union-attr]
+            assert desired["rollout"] == 2
+            expect(page.locator("#workers-rollout tbody tr")).to_have_count(2, timeout=180_000)
+            assert len(jobs.get(platform.store, JOB).members["rollout"]) == 2
+            page.screenshot(path=str(shots / "job-scaled.png"), full_page=True)
+
+            # kill rollout worker 1 from the page: the fault, then the recovery, in the timeline
+            victim = jobs.get(platform.store, JOB).members["rollout"]["1"]["pid"]
+            page.locator('#workers-rollout tr[data-worker="1"] button').click()
+            expect(page.locator("#action-result")).to_contain_text(str(victim))
+            fault = page.locator('#timeline tr.fault[data-kind="rollout_fault"]')
+            expect(fault.first).to_be_visible(timeout=180_000)
+            page.screenshot(path=str(shots / "fault-detected.png"), full_page=True)
+            recovery = page.locator("#timeline tr.recovery")
+            expect(recovery.first).to_be_visible(timeout=180_000)
+            page.screenshot(path=str(shots / "recovery.png"), full_page=True)
+            expect(page.locator('#plot-reward line[data-what="fault"]').first).to_be_attached()
+            assert int(page.locator("#failures").inner_text()) >= 1
+            assert int(page.locator("#recoveries").inner_text()) >= 1
+            assert page.evaluate("window.__notReloaded") is True
+            kinds = [e["kind"] for e in events.read(platform.store, JOB, limit=2000)]
+            assert "rollout_fault" in kinds
+            # the job goes on with a replacement worker
+            s1 = step(platform)
+            page.wait_for_function(f"Number(document.getElementById('step').textContent) > {s1}", timeout=120_000)
+            expect(page.locator("#workers-rollout tbody tr")).to_have_count(2, timeout=120_000)
+            page.screenshot(path=str(shots / "recovered.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (shots / "recovery.png").stat().st_size > 10_000
