@@ -203,8 +203,11 @@ def _finish(
     evs = events_mod.read(store, spec.name, limit=100_000)
     metrics = _metrics(workdir)
     commits = measure._commit_times(timeline, metrics)
+    starts = sorted(r["injected_at"] for r in records if r.get("injected_at"))
     for r in records:
-        r["figures"] = measure.fault_figures(r, evs, timeline, commits) if r.get("injected_at") else {}
+        t = r.get("injected_at")
+        nxt = next((s for s in starts if t is not None and s > t), None)
+        r["figures"] = measure.fault_figures(r, evs, timeline, commits, nxt) if t else {}
     per_shard = spec.prompts_per_step * spec.rollout.sampling.n / max(1, _num_shards(spec))
     return {
         "scenario": sc.name,
@@ -266,7 +269,8 @@ def _replays(
         cause = getattr(e, "cause", None) or e
         replay = {"error": f"{type(cause).__name__}: {str(cause).strip()[:300]}"}
     restore = None
-    for cp in sorted(rec.checkpoints, key=lambda c: -c["step"]):
+    # the newest intact snapshot before the end (so some steps are replayed after the restore)
+    for cp in sorted(rec.checkpoints, key=lambda c: (c["step"] < steps, c["step"]), reverse=True):
         if cp["step"] in damaged:
             continue
         try:

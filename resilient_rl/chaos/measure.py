@@ -46,10 +46,10 @@ DETECT: dict[str, tuple[str, ...]] = {
 RECOVER: dict[str, tuple[str, ...]] = {
     "rollout_kill": ("rollout_joined",),
     "rollout_hang": ("rollout_joined",),
-    "rollout_slow": ("rollout_joined",),
+    "rollout_slow": (),  # nothing to recover from unless declared hung (then rollout_joined, a new fault)
     "trainer_kill": ("trainer_recovered",),
-    "leader_kill": ("running", "adopted"),
-    "leader_pause": ("running", "adopted"),
+    "leader_kill": ("adopted",),
+    "leader_pause": ("adopted",),
     "etcd_restart": ("running", "adopted", "etcd_recovered"),
     "etcd_outage": ("running", "adopted", "etcd_recovered"),
     "etcd_member_kill": ("running", "adopted", "etcd_recovered"),
@@ -80,15 +80,23 @@ def event_time(e: dict[str, Any]) -> float | None:
     return None
 
 
-def _first_event(events: list[dict[str, Any]], kinds: tuple[str, ...], after: float, recover: bool = False) -> Any:
+def _first_event(
+    events: list[dict[str, Any]], kinds: tuple[str, ...], after: float, until: float | None, recover: bool = False
+) -> Any:
+    """First event of ``kinds`` in [after, until); with ``recover``, if none, the first whose kind
+    names a recovery (the runner's newer events)."""
     best = None
-    for e in events:
-        t = event_time(e)
-        kind = str(e.get("kind", ""))
-        if t is None or t < after or not (kind in kinds or (recover and "recover" in kind)):
-            continue
-        if best is None or t < event_time(best):  # type: ignore[operator]
-            best = e
+    for fallback in (False, True) if recover else (False,):
+        for e in events:
+            t = event_time(e)
+            kind = str(e.get("kind", ""))
+            hit = ("recover" in kind) if fallback else (kind in kinds)
+            if t is None or t < after or (until is not None and t >= until) or not hit:
+                continue
+            if best is None or t < event_time(best):  # type: ignore[operator]
+                best = e
+        if best is not None:
+            return best
     return best
 
 
@@ -110,20 +118,24 @@ def fault_figures(
     events: list[dict[str, Any]],
     timeline: list[dict[str, Any]],
     commits: list[tuple[float, int]],
+    until: float | None = None,
 ) -> dict[str, Any]:
-    """The recovery figures of one injected fault (see module doc); None where not seen."""
+    """The recovery figures of one injected fault (see module doc); None where not seen.
+
+    Events count for this fault only before ``until`` (the next fault's injection), so a
+    later fault's detection or recovery is not taken for this one's."""
     t0 = fault.get("injected_at")
     kind = fault["kind"]
     out: dict[str, Any] = {"detection_s": None, "next_commit_s": None, "recovered_s": None, "group_restored_s": None}
     if t0 is None:
         return out
-    det = _first_event(events, DETECT.get(kind, ()), t0 - 0.5)
+    det = _first_event(events, DETECT.get(kind, ()), t0 - 0.5, until)
     if det is not None:
         out["detection_s"] = round(max(0.0, event_time(det) - t0), 2)  # type: ignore[operator]
         out["detected_by"] = det.get("kind")
         if isinstance(det.get("detection_s"), int | float):
             out["detection_reported_s"] = det["detection_s"]
-    rec = _first_event(events, RECOVER.get(kind, ()), t0, recover=True)
+    rec = _first_event(events, RECOVER.get(kind, ()), t0, until, recover=bool(RECOVER.get(kind)))
     if rec is not None:
         out["recovered_s"] = round(event_time(rec) - t0, 2)  # type: ignore[operator]
         out["recovered_by"] = rec.get("kind")
