@@ -62,6 +62,26 @@ def atomic_write(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def atomic_create(path: Path, data: bytes) -> bool:
+    """Like :func:`atomic_write`, but only if ``path`` does not exist yet (hard link of a
+    complete temporary file: atomic and exclusive). True if this call created it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+    finally:
+        os.unlink(tmp)
+    fsync_dir(path.parent)
+    return True
+
+
 def fsync_dir(path: str | Path) -> None:
     """fsync a folder, so that entries created or renamed in it survive a crash."""
     fd = os.open(path, os.O_RDONLY)
@@ -103,15 +123,20 @@ class Journal:
             raise JournalCorrupt(f"shard {r.path}: digest mismatch (file changed or corrupt)")
         return dict(json.loads(data))
 
-    def commit_batch(self, step: int, refs: list[ShardRef], meta: dict[str, Any] | None = None) -> Path:
-        """Record batch ``step`` as complete (all its shards, in shard order)."""
+    def commit_batch(self, step: int, refs: list[ShardRef], meta: dict[str, Any] | None = None) -> bool:
+        """Record batch ``step`` as complete (all its shards, in shard order).
+
+        First writer wins: a batch, once complete, never changes (the trainer may have
+        trained on it, and replay must see the same one). Returns False, changing
+        nothing, when the batch was already complete (e.g. written by a previous
+        leader that woke up late).
+        """
         refs = sorted(refs, key=lambda r: r.shard)
         if [r.shard for r in refs] != list(range(len(refs))):
             raise ValueError(f"batch {step}: shards {[r.shard for r in refs]} are not 0..n-1")
         body = {"step": step, "shards": [r.to_dict() for r in refs], "meta": meta or {}}
         path = self.step_dir(step) / "batch.json"
-        atomic_write(path, json.dumps(body).encode())
-        return path
+        return atomic_create(path, json.dumps(body).encode())
 
     def batch(self, step: int) -> list[ShardRef] | None:
         """The shard references of a complete batch, or None if the batch is not complete."""

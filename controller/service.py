@@ -39,7 +39,9 @@ class JobDriver(Protocol):
     driver holds and must not return before the driver has stopped writing:
     ``final=False`` when leadership is lost or the controller stops (the
     workers keep running for the next leader to adopt), ``final=True`` when the
-    job ended or was cancelled (the workers are stopped too).
+    job ended or was cancelled (the workers are stopped too). A driver may expose
+    ``exited``, true when it stopped on its own without a terminal phase (e.g. an
+    etcd outage): the leader then replaces it.
     """
 
     def reconcile(self, record: jobs.JobRecord) -> dict[str, Any] | None: ...
@@ -185,6 +187,12 @@ class Controller:
             return
         if self.driver_factory is None:
             return
+        old = self.drivers.get(rec.id)
+        if old is not None and getattr(old, "exited", False):  # its loop gave up (etcd outage): start over
+            self.drivers.pop(rec.id).stop(final=False)
+            self.event(
+                rec.id, "driver_restart", "the job's driver stopped without finishing; taking the job over again"
+            )
         if rec.id not in self.drivers:
             self.drivers[rec.id] = self.driver_factory(self, rec)
         update = self.drivers[rec.id].reconcile(rec)

@@ -47,7 +47,7 @@ class SnapshotFlow:
         if self.waits or step % self.every:
             return
         try:
-            started = ray.get([t.snapshot.remote(str(self.root)) for t in self.group.ranks])
+            started = ray.get([t.snapshot.remote(str(self.root), self.r.token) for t in self.group.ranks])
         except Exception as e:  # a rank died while staging: no snapshot; the step loop sees the death next
             self.r.c.event(self.r.job, "snapshot_failed", f"snapshot at step {step} failed while staging: "
                            f"{type(getattr(e, 'cause', None) or e).__name__}", step=step)  # fmt: skip

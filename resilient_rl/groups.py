@@ -45,15 +45,39 @@ class RestartBudget:
             )
 
 
+def _is_stale(e: BaseException) -> bool:
+    """True if ``e`` (possibly Ray's wrapper) is a worker refusing a stale leader's call."""
+    from .fencing import StaleLeader
+
+    return isinstance(e, StaleLeader) or isinstance(getattr(e, "cause", None), StaleLeader)
+
+
+def _find_actor(name: str, namespace: str) -> Any:
+    import ray
+
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return None
+
+
 class RolloutGroup:
-    """Rollout workers by index; ``idle`` holds those ready for a shard."""
+    """Rollout workers by index; ``idle`` holds those ready for a shard.
+
+    A worker *joins* (``joining``) through one call, ``adopt(token, spec, version,
+    weights)``: for a new worker it is the first call after its engine started, for
+    a worker found running (a new leader, an etcd outage) it raises its fence and
+    brings it to the current version. Either way it takes shards only afterwards.
+    """
 
     def __init__(self, runner: Any, model_dir: str) -> None:
         self.r = runner
         self.model_dir = model_dir
         self.workers: dict[int, Any] = {}
         self.idle: set[int] = set()
-        self.joining: dict[Any, int] = {}  # load_weights ref of a new worker -> index
+        self.joining: dict[Any, tuple[int, float]] = {}  # join ref -> (index, sent)
+        self.waiting: dict[int, float] = {}  # index -> monotonic time its (backed-off) replacement may start
+        self.fault_at: dict[int, float] = {}  # index -> when its fault was detected (recovery timing)
         f = runner.spec.fault
         self.budget = RestartBudget("rollout", f.max_restarts, f.restart_window)
 
@@ -73,20 +97,51 @@ class RolloutGroup:
             .remote(self.r.job, i, self.r.spec.to_json(), self.model_dir, str(self.r.workdir), self.r.etcd)
         )  # fmt: skip
 
+    def _join(self, i: int, w: Any, version: int, weights: Any) -> None:
+        self.workers[i] = w
+        ref = w.adopt.remote(self.r.token, self.r.spec.digest(), version, weights)
+        self.joining[ref] = (i, time.monotonic())
+
     def add(self, i: int, version: int, weights: Any) -> None:
         """Start worker ``i``; it joins ``idle`` once it holds ``version`` (async)."""
-        w = self.workers[i] = self._create(i)
-        self.joining[w.load_weights.remote(version, weights) if weights is not None else w.ready.remote()] = i
+        self._join(i, self._create(i), version, weights)
 
-    def start(self, n: int, version: int, weights: Any) -> None:
-        """Start ``n`` workers and wait until every one holds ``version`` (first start)."""
+    def start(self, n: int, version: int, weights: Any) -> int:
+        """Bring the group to ``n`` workers holding ``version`` and wait for all of them:
+        workers of this job found running are adopted, missing ones started, extra
+        ones stopped. Returns how many were adopted."""
         import ray
 
-        for i in range(n):
-            self.add(i, version, weights)
-        ray.get(list(self.joining))
-        self.idle |= set(self.joining.values())
-        self.joining.clear()
+        adopted = 0
+        for i in range(max(n, 16, self.r.spec.rollout.max_replicas or 0)):
+            a = _find_actor(self.r.actor_name("rollout", i), self.r.namespace)
+            if i >= n:
+                if a is not None:
+                    ray.kill(a)
+                continue
+            if a is not None:
+                self._join(i, a, version, weights)
+                adopted += 1
+            else:
+                self.add(i, version, weights)
+        limit = self.join_limit()
+        for ref, (i, _) in list(self.joining.items()):
+            try:
+                ray.get(ref, timeout=limit)
+            except Exception as e:
+                if _is_stale(e):
+                    raise self.r.not_leader(e) from None
+                log.warning("rollout worker %d could not join (%s): replacing it", i, type(e).__name__)
+                del self.joining[ref]
+                self.fault(i, e, version, weights, delay=False)
+                continue
+            del self.joining[ref]
+            self.idle.add(i)
+        return adopted
+
+    def join_limit(self) -> float:
+        """Longest a join may take (engine start + weight load) before the worker counts as hung."""
+        return max(self.r.spec.fault.hang_timeout, 300.0)
 
     def refs(self) -> list[Any]:
         return list(self.joining)
@@ -95,39 +150,73 @@ class RolloutGroup:
         """A join finished (or failed); True if ``ref`` was a join."""
         import ray
 
-        i = self.joining.pop(ref, None)
-        if i is None:
+        entry = self.joining.pop(ref, None)
+        if entry is None:
             return False
+        i = entry[0]
         try:
-            ray.get(ref)
-        except Exception as e:  # the new worker died while starting: try again (budgeted)
+            version = ray.get(ref)
+        except Exception as e:  # the new worker died while starting: try again (budgeted, backed off)
+            if _is_stale(e):
+                raise self.r.not_leader(e) from None
             self.fault(i, e, None, None)
             return True
         self.idle.add(i)
-        self.r.c.event(self.r.job, "rollout_joined", f"rollout worker {i} joined", worker=i)
+        data: dict[str, Any] = {"worker": i, "version": version}
+        t = self.fault_at.pop(i, None)
+        if t is not None:
+            data["recovery_s"] = round(time.monotonic() - t, 2)
+        self.r.c.event(self.r.job, "rollout_joined", f"rollout worker {i} joined at policy v{version}"
+                       + (f", {data['recovery_s']}s after its fault" if t is not None else ""), **data)  # fmt: skip
+        if t is not None and len(self.idle) + len(self.busy()) >= self.r.want("rollout"):
+            self.r.c.event(self.r.job, "group_restored", f"rollout group back at {self.r.want('rollout')} workers "
+                           f"{data['recovery_s']}s after the fault", group="rollout", seconds=data["recovery_s"])  # fmt: skip
         return True
 
-    def fault(self, i: int, err: BaseException, version: int | None, weights: Any) -> None:
-        """Worker ``i`` died: replace it (budgeted). Its shard is re-queued by the caller."""
+    def busy(self) -> set[int]:
+        joining = {i for i, _ in self.joining.values()}
+        return set(self.workers) - self.idle - joining
+
+    def overdue_joins(self) -> list[int]:
+        now, limit = time.monotonic(), self.join_limit()
+        return [i for i, t in self.joining.values() if now - t > limit]
+
+    def fault(self, i: int, err: BaseException, version: int | None, weights: Any, *, delay: bool = True) -> None:
+        """Worker ``i`` died or hangs: kill it, replace it after a backoff (budgeted).
+        Its shard is re-queued by the caller."""
         import ray
 
+        self.r.check_leader()  # a deposed leader must not touch the new leader's workers
         self.idle.discard(i)
+        for ref, (j, _) in list(self.joining.items()):
+            if j == i:
+                del self.joining[ref]
         old = self.workers.pop(i, None)
         if old is not None:
             ray.kill(old)
-        self.r.c.event(self.r.job, "rollout_fault", f"rollout worker {i} lost: {type(err).__name__}; replacing it",
-                       worker=i)  # fmt: skip
+        self.fault_at.setdefault(i, time.monotonic())
         self.budget.spend()
-        self.add(
-            i, version if version is not None else self.r.version, weights if weights is not None else self.r.weights
-        )
+        backoff = min(10.0, 0.5 * 2 ** max(0, len(self.budget.times) - 1)) if delay else 0.0
+        self.r.c.event(self.r.job, "rollout_fault", f"rollout worker {i} lost: {_describe(err)}; "
+                       f"replacing it in {backoff:.1f}s", worker=i, backoff_s=backoff)  # fmt: skip
+        self.waiting[i] = time.monotonic() + backoff
+
+    def tick(self, version: int, weights: Any) -> None:
+        """Start the replacements whose backoff has passed."""
+        now = time.monotonic()
+        for i, at in list(self.waiting.items()):
+            if at <= now:
+                del self.waiting[i]
+                if i < self.r.want("rollout") and i not in self.workers:
+                    self.add(i, version, weights)
 
     def resize(self, want: int, version: int, weights: Any) -> None:
         """Grow to ``want`` workers (async join) or drain the ones above it (stop when idle)."""
         import ray
 
-        for i in range(len(self.workers), want):
-            if i not in self.workers:
+        self.tick(version, weights)
+        for i in range(want):
+            if i not in self.workers and i not in self.waiting:
                 self.r.c.event(self.r.job, "scale", f"rollout: adding worker {i} (desired {want})", worker=i)
                 self.add(i, version, weights)
         for i in sorted(self.workers):
@@ -141,6 +230,13 @@ class RolloutGroup:
                 ray.kill(w)
                 self.r.c.event(self.r.job, "scale", f"rollout: worker {i} drained and stopped (desired {want})",
                                worker=i)  # fmt: skip
+
+
+def _describe(err: BaseException) -> str:
+    cause = getattr(err, "cause", None)
+    e = cause if isinstance(cause, BaseException) else err
+    text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+    return f"{type(e).__name__}{': ' + text if text and not text.startswith('The actor') else ''}"
 
 
 class WeightStore:
@@ -161,6 +257,10 @@ class WeightStore:
         for v in sorted(self.refs)[:-4]:
             del self.refs[v]
         return [self.refs[version]]  # in a list: the caller borrows the reference, we stay owner
+
+    def get(self, version: int) -> list[Any] | None:
+        """The reference of ``version`` if still kept (in a list: the caller borrows it)."""
+        return [self.refs[version]] if version in self.refs else None
 
     def ping(self) -> bool:
         return True
@@ -189,10 +289,14 @@ class TrainerGroup:
         from .trainer import trainer_actor
 
         self.kill()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # on the controller's node (the stable one): the published weights die with their owner
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         ray.get(
             ray.remote(WeightStore)
             .options(name=self.r.actor_name("weights", 0), namespace=self.r.namespace, lifetime="detached",
-                     get_if_exists=True, num_cpus=0)
+                     get_if_exists=True, num_cpus=0, scheduling_strategy=here)
             .remote()
             .ping.remote()
         )  # fmt: skip
@@ -208,24 +312,65 @@ class TrainerGroup:
         ]  # fmt: skip
         master = ray.get(self.ranks[0].address.remote())
         ray.get([r.setup.remote(master, restore) for r in self.ranks])
+        ray.get([r.adopt.remote(self.r.token, self.r.spec.digest()) for r in self.ranks])  # fence them
         if k == 0:
             return None
         if s < k:
             self.r.c.event(self.r.job, "replay", f"replaying steps {s}..{k - 1} from the journal", first=s, last=k - 1)
         out = None
         for j in range(s, k):
-            out = ray.get([t.train_step.remote(j, j == k - 1) for t in self.ranks])[0]
+            out = ray.get([t.train_step.remote(j, j == k - 1, self.r.token) for t in self.ranks])[0]
         return out["weights"] if out is not None else ray.get(self.ranks[0].publish.remote())["weights"]
 
-    def restart(self, k: int, world: int, why: str) -> None:
-        """A rank died (or the world size changes): restart the whole group at step ``k``."""
+    def adopt(self, k: int, world: int) -> tuple[int, dict[str, Any] | None, Any] | None:
+        """Take over ranks left running by a previous leader (or an etcd outage).
+
+        Returns ``(step, last_result, weights)`` when ``world`` ranks of this job answer
+        with the same step, ``k`` (committed) or ``k + 1`` (trained, commit lost), else
+        None (the caller restarts the group). ``adopt`` on a rank waits for a train
+        step in progress, so the steps it reports are settled.
+        """
+        import ray
+
+        found = [_find_actor(self.r.actor_name("trainer", i), self.r.namespace) for i in range(world)]
+        if not found or any(a is None for a in found):
+            return None
+        try:
+            status = ray.get(
+                [a.adopt.remote(self.r.token, self.r.spec.digest()) for a in found],
+                timeout=max(60.0, self.r.spec.fault.hang_timeout),
+            )
+        except Exception as e:
+            if _is_stale(e):
+                raise self.r.not_leader(e) from None
+            log.warning("job %s: trainer ranks not adoptable (%s): restarting them", self.r.job, _describe(e))
+            return None
+        steps = {x["step"] for x in status}
+        if len(steps) != 1 or {x["world"] for x in status} != {world} or not steps <= {k, k + 1}:
+            log.warning("job %s: trainer ranks at steps %s (world %s), etcd says %d: restarting them",
+                        self.r.job, sorted(steps), sorted({x["world"] for x in status}), k)  # fmt: skip
+            return None
+        s = steps.pop()
+        self.ranks = found
+        weights = None
+        if s > 0:
+            ws = _find_actor(self.r.actor_name("weights", 0), self.r.namespace)
+            kept = ray.get(ws.get.remote(s)) if ws is not None else None
+            weights = kept[0] if kept else ray.get(self.ranks[0].publish.remote())["weights"]
+        return s, status[0]["last"], weights
+
+    def restart(self, k: int, world: int, why: str) -> Any:
+        """A rank died (or the world size changes): restart the whole group at step ``k``.
+        Returns the weights of version k (as :meth:`start`)."""
+        self.r.check_leader()
         t0 = time.monotonic()
         self.r.c.event(self.r.job, "trainer_restart", f"{why}: restarting {world} trainer ranks at step {k}",
                        world=world)  # fmt: skip
         self.budget.spend()
-        self.start(k, world)
+        weights = self.start(k, world)
         self.r.c.event(self.r.job, "trainer_recovered", f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",
                        seconds=round(time.monotonic() - t0, 2), world=world)  # fmt: skip
+        return weights
 
     def kill(self) -> None:
         """Kill every rank this job may have, by name (old runs included)."""

@@ -22,6 +22,7 @@ from controller.membership import Registration
 from controller.store import Store
 
 from .engines import Sampling, make_engine
+from .fencing import check_fence
 from .sampler import sample_seed
 from .spec import JobSpec
 from .tasks import make_task
@@ -33,6 +34,7 @@ class RolloutWorker:
     """Generate shards of prompts with one policy version at a time (see module doc)."""
 
     def __init__(self, job: str, index: int, spec_json: str, model_dir: str, workdir: str, etcd: str) -> None:
+        import ray
         import torch
 
         torch.set_num_threads(max(1, int(os.environ.get("RRL_WORKER_THREADS", "1"))))
@@ -43,17 +45,15 @@ class RolloutWorker:
         self.sampling = Sampling(r.sampling.temperature, r.sampling.top_p, r.sampling.max_tokens)
         self.journal = Journal(os.path.join(workdir, "journal"))
         self.version = 0
+        self.fence = 0  # newest leader token seen (see fencing.check_fence)
         self.store = Store(etcd, timeout=2.0, retry_window=30.0)
         self.member = Registration(
-            self.store, job, "rollout", str(index), ttl=self.spec.fault.lease_ttl, version=0, engine=r.engine
-        )
+            self.store, job, "rollout", str(index), ttl=self.spec.fault.lease_ttl, version=0, engine=r.engine,
+            ray_node=ray.get_runtime_context().get_node_id(),
+        )  # fmt: skip
         t0 = time.monotonic()
         self.engine = make_engine(r.engine, model_dir, self.spec.model.dtype, r.kv_cache_gib, self.spec.seed)
         self.member.update(status="ready", engine_start_s=round(time.monotonic() - t0, 2))
-
-    def ready(self) -> dict[str, Any]:
-        """Called once after creation; returns when the engine is up."""
-        return {"version": self.version, "pid": os.getpid()}
 
     def load_weights(self, version: int, state_dict: dict[str, Any]) -> int:
         """Load policy ``version`` in place (between shards). Returns the loaded version."""
@@ -64,13 +64,25 @@ class RolloutWorker:
         self.member.update(version=version)
         return version
 
-    def generate_shard(self, step: int, shard: int, indices: list[int]) -> dict[str, Any]:
+    def adopt(self, token: int, spec_digest: str, version: int, state_dict: dict[str, Any] | None) -> int:
+        """A (new) leader takes this worker over: raise the fence and make sure it holds
+        ``version``. Queued behind a shard still running for the previous leader."""
+        check_fence(self.fence, token, "adopt")
+        if spec_digest != self.spec.digest():
+            raise ValueError("this worker runs another spec of the job (a leftover of an earlier run)")
+        self.fence = token
+        if state_dict is not None:
+            self.load_weights(version, state_dict)
+        return self.version
+
+    def generate_shard(self, step: int, shard: int, indices: list[int], token: int = 0) -> dict[str, Any]:
         """Generate ``n`` samples for each prompt index, score them, journal the shard.
 
         Returns the shard reference plus summary figures (never the trajectories:
         those go to the journal). A reward function that raises gives that sample
         reward 0 and is recorded in the sample (``reward_error``).
         """
+        check_fence(self.fence, token, f"shard {step}/{shard}")
         t0 = time.monotonic()
         self.member.update(status="busy", step=step, shard=shard)
         n = self.spec.rollout.sampling.n

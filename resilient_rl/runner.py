@@ -32,7 +32,9 @@ from typing import Any
 from checkpoints.journal import Journal, ShardRef
 from controller.election import NotLeader
 from controller.jobs import JobRecord
+from controller.store import EtcdError
 
+from .autoscale import Autoscaler
 from .checkpointing import SnapshotFlow
 from .groups import RolloutGroup, TrainerGroup
 from .sampler import prompt_indices
@@ -71,6 +73,11 @@ class JobRunner:
         self.desired = dict(rec.desired)
         self.namespace = NAMESPACE
         self.version, self.weights = 0, None  # the newest committed policy and its object ref
+        self.token = int(controller.election.token)  # fences our calls on workers (see fencing.py)
+        self.faults: list[tuple[str, float]] = []  # (kind, detected at) awaiting the next committed step
+        r = self.spec.rollout
+        lo, hi = r.min_replicas or r.replicas, r.max_replicas or r.replicas
+        self.autoscaler = Autoscaler(lo, hi, self._want("rollout")) if lo < hi else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
         self._thread.start()
@@ -78,8 +85,16 @@ class JobRunner:
     # -- JobDriver -----------------------------------------------------------
 
     def reconcile(self, rec: JobRecord) -> dict[str, Any] | None:
+        if self.autoscaler is not None and rec.desired.get("rollout") != self.desired.get("rollout"):
+            self.autoscaler.reset(int(rec.desired["rollout"]), time.monotonic())  # an operator's `rrl scale`
         self.desired = dict(rec.desired)  # read by the loop: group sizes (rrl scale)
         return None  # the runner thread writes its own (fenced) state
+
+    @property
+    def exited(self) -> bool:
+        """The loop ended without a terminal phase (etcd outage, lost leadership): the
+        controller replaces this driver; the new one re-adopts the running workers."""
+        return not self._thread.is_alive() and not self._stop.is_set()
 
     def stop(self, final: bool) -> None:
         """Stop the loop; with ``final`` also stop the job's workers (cancel, job ended)."""
@@ -94,8 +109,10 @@ class JobRunner:
     def _main(self) -> None:
         try:
             self._run()
-        except NotLeader:
-            log.warning("job %s: no longer leader; the next leader takes over", self.job)
+        except NotLeader as e:
+            log.warning("job %s: %s; the next leader takes over", self.job, e)
+        except EtcdError as e:  # the workers keep running; the next leader term re-adopts them
+            log.warning("job %s: etcd unreachable (%s): stepping back; a new runner re-adopts the workers", self.job, e)
         except JobFailed as e:
             self._finish("FAILED", str(e))
         except Exception as e:  # the job fails with the reason; the controller keeps running
@@ -111,14 +128,8 @@ class JobRunner:
         self.c.event(self.job, "running", f"{'resuming at step ' + str(k) if k else 'starting'}: "
                      f"{self._want('rollout')} rollout / {self._want('trainer')} trainer workers")  # fmt: skip
         self._ray_init()
-        # workers of an earlier leader or run are not adopted yet: start from a clean slate
-        # (state lives in etcd, the journal and the snapshots, never only in a worker)
-        self._kill_workers()
         model_dir = self._ensure_model()
-        self.trainers = TrainerGroup(self, model_dir)
-        self.version, self.weights = k, self.trainers.start(k, self._want("trainer"))
-        self.rollouts = RolloutGroup(self, model_dir)
-        self.rollouts.start(self._want("rollout"), k, self.weights)
+        k = self._take_over(k, model_dir)
         snaps = self._loop(SnapshotFlow(self, self.trainers), k)
         if self._stop.is_set():
             return
@@ -126,6 +137,57 @@ class JobRunner:
         self.c.update_state(self.job, weights_digest=ray.get(self.trainers.ranks[0].digest.remote()))
         self._kill_workers()
         self._finish("SUCCEEDED", None)
+
+    def _take_over(self, k: int, model_dir: str) -> int:
+        """Bring both groups up at committed step ``k``; returns the step to run next.
+
+        One path for a fresh start, a new leader and a leader back from an etcd
+        outage: workers of this job that are still running are *adopted* (fenced with
+        this leader's token, brought to the current policy), missing ones are started.
+        Trainer ranks that trained step k whose commit was lost (the old leader died
+        between the two) get that step committed now; ranks in any other state are
+        restarted from the newest snapshot + the journal (state never lives only in a
+        worker).
+        """
+        t0 = time.monotonic()
+        self.trainers = TrainerGroup(self, model_dir)
+        self.rollouts = RolloutGroup(self, model_dir)
+        got = self.trainers.adopt(k, self._want("trainer"))
+        if got is None:
+            self.trainers.kill()
+            self.version, self.weights = k, self.trainers.start(k, self._want("trainer"))
+        else:
+            s, last, self.weights = got
+            if s == k + 1:  # trained before the previous leader could commit: commit it once, now
+                shards = self._journaled(k)
+                if shards is None or last is None:
+                    raise JobFailed(f"trainer ranks trained step {k} but its journal batch is incomplete")
+                self._commit(k, last, shards, float(last.get("seconds") or 0.0))
+                self.c.event(self.job, "commit_recovered", f"step {k} was trained but not committed by the "
+                             "previous leader: committed now", step=k)  # fmt: skip
+                k += 1
+            self.version = k
+        adopted = self.rollouts.start(self._want("rollout"), self.version, self.weights)
+        if got is not None or adopted:
+            self.c.event(self.job, "adopted", f"took over {self.trainers.world if got else 0} running trainer ranks "
+                         f"and {adopted} rollout workers at step {k} in {time.monotonic() - t0:.1f}s",
+                         trainers=self.trainers.world if got else 0, rollouts=adopted, step=k,
+                         seconds=round(time.monotonic() - t0, 2))  # fmt: skip
+        return k
+
+    # -- leadership --------------------------------------------------------------
+
+    def check_leader(self) -> None:
+        """Raise NotLeader unless this controller still certainly leads (checked before
+        every action on workers: a deposed leader must not touch them)."""
+        if not self.c.election.is_leader:
+            raise NotLeader(f"controller {self.c.id} no longer leads job {self.job}")
+
+    def not_leader(self, e: BaseException) -> NotLeader:
+        return NotLeader(f"a worker refused our call, a newer leader owns it: {e}")
+
+    def want(self, group: str) -> int:
+        return self._want(group)
 
     def _loop(self, snaps: SnapshotFlow, k: int) -> SnapshotFlow:
         import ray
@@ -139,6 +201,7 @@ class JobRunner:
         train_refs: list[Any] = []
         t_step = time.monotonic()
         while k < spec.steps and not self._stop.is_set():
+            self.check_leader()
             while planned + 1 < spec.steps and planned + 1 <= self.version + s:
                 planned += 1
                 journaled = self._journaled(planned)  # complete before a restart: reuse, never regenerate
@@ -146,16 +209,22 @@ class JobRunner:
                     done[planned] = journaled
                 else:
                     queue.extend((planned, i, idx) for i, idx in enumerate(self._shards(planned)))
+            if self.autoscaler is not None:
+                size = self.autoscaler.size
+                if self.autoscaler.observe(len(queue), len(rollouts.idle), time.monotonic()) != size:
+                    self.c.event(self.job, "autoscale", f"rollout: {size} -> {self.autoscaler.size} workers "
+                                 f"({len(queue)} shards queued, {len(rollouts.idle)} idle)",
+                                 size=self.autoscaler.size)  # fmt: skip
             rollouts.resize(self._want("rollout"), self.version, self.weights)
             while queue and rollouts.idle:
                 w = min(rollouts.idle)
                 rollouts.idle.discard(w)
                 step, shard, idx = queue.popleft()
-                ref = rollouts.workers[w].generate_shard.remote(step, shard, idx)
+                ref = rollouts.workers[w].generate_shard.remote(step, shard, idx, self.token)
                 inflight[ref] = (step, shard, idx, w, time.monotonic())
             if not train_refs and k in done and len(done[k]) == self._num_shards():
                 self._check_staleness(k, done[k])
-                train_refs = [t.train_step.remote(k) for t in self.trainers.ranks]
+                train_refs = [t.train_step.remote(k, True, self.token) for t in self.trainers.ranks]
             watched = [*inflight, *train_refs, *snaps.waits, *rollouts.refs()]
             if watched:  # block until something happened, then take *everything* ready (no starvation)
                 ray.wait(watched, num_returns=1, timeout=1.0)
@@ -172,11 +241,18 @@ class JobRunner:
             lost = _actor_error(finished)
             if lost is not None:  # a rank died (its peers may hang in a collective): restart the group
                 train_refs = []
-                self.trainers.restart(k, self.trainers.world, f"trainer rank lost ({type(lost).__name__})")
+                self.faults.append(("trainer_fault", time.monotonic()))
+                w = self.trainers.restart(k, self.trainers.world, f"trainer rank lost ({type(lost).__name__})")
+                self.weights = w if w is not None else self.weights  # re-published: the old owner may be gone
                 snaps = SnapshotFlow(self, self.trainers)
                 continue
             if train_refs and not unfinished:
-                results = ray.get(train_refs)  # StepRejected and other errors fail the job
+                try:
+                    results = ray.get(train_refs)  # StepRejected and other errors fail the job
+                except Exception as e:
+                    if _stale(e):
+                        raise self.not_leader(e) from None
+                    raise
                 train_refs = []
                 metrics = self._commit(k, results[0], done.pop(k), time.monotonic() - t_step)
                 k += 1
@@ -186,10 +262,12 @@ class JobRunner:
                 snaps.maybe_start(k)
                 if self._want("trainer") != self.trainers.world and k < spec.steps:
                     snaps.poll(block=True)
-                    self.trainers.restart(k, self._want("trainer"), f"world size {self.trainers.world} -> "
-                                          f"{self._want('trainer')} requested")  # fmt: skip
+                    w = self.trainers.restart(k, self._want("trainer"), f"world size {self.trainers.world} -> "
+                                              f"{self._want('trainer')} requested")  # fmt: skip
+                    self.weights = w if w is not None else self.weights
                     snaps = SnapshotFlow(self, self.trainers)
                 t_step = time.monotonic()
+                self._note_recoveries(k - 1)
                 log.info("job %s step %d committed: reward %.3f", self.job, k - 1, metrics["reward"])
             self._watchdog(inflight, queue)
             for ref in [r for r in ready if r in inflight]:
@@ -198,14 +276,21 @@ class JobRunner:
                     result = ray.get(ref)
                 except RayActorError as e:  # the worker died: its shard goes back to the queue
                     queue.appendleft((step, shard, idx))
+                    self.faults.append(("rollout_fault", time.monotonic()))
                     rollouts.fault(w, e, self.version, self.weights)
                     continue
+                except Exception as e:
+                    if _stale(e):
+                        raise self.not_leader(e) from None
+                    raise
                 if w in rollouts.workers:
                     rollouts.idle.add(w)
                 done.setdefault(step, {})[shard] = result
                 if len(done[step]) == self._num_shards():
                     refs = [ShardRef(**done[step][i]["ref"]) for i in range(self._num_shards())]
-                    self.journal.commit_batch(step, refs)
+                    self.check_leader()
+                    if not self.journal.commit_batch(step, refs):  # a previous leader completed it first
+                        done[step] = self._journaled(step) or done[step]
         return snaps
 
     def _watchdog(self, inflight: dict[Any, tuple[int, int, list[int], int, float]], queue: deque[Any]) -> None:
@@ -221,10 +306,27 @@ class JobRunner:
             self.c.event(self.job, "rollout_hang", f"rollout worker {w} made no progress on shard {step}/{shard} "
                          f"for {now - sent:.1f}s (hang_timeout {limit:g}s)", worker=w,
                          detection_s=round(now - sent, 2))  # fmt: skip
+            self.faults.append(("rollout_hang", now))
             self.rollouts.fault(w, TimeoutError(f"hung for {now - sent:.0f}s"), self.version, self.weights)
+        for w in self.rollouts.overdue_joins():
+            self.c.event(self.job, "rollout_hang", f"rollout worker {w} did not join within "
+                         f"{self.rollouts.join_limit():g}s", worker=w)  # fmt: skip
+            self.faults.append(("rollout_hang", now))
+            self.rollouts.fault(w, TimeoutError("join timed out"), self.version, self.weights)
+
+    def _note_recoveries(self, step: int) -> None:
+        """Faults since the last commit are recovered from as far as the job goes: record
+        the time from each detection to this committed step (``rrl events`` shows it)."""
+        now = time.monotonic()
+        for kind, t in self.faults:
+            self.c.event(self.job, "recovered", f"step {step} committed {now - t:.1f}s after a {kind}",
+                         fault=kind, step=step, seconds=round(now - t, 2))  # fmt: skip
+        self.faults.clear()
 
     def _want(self, group: str) -> int:
         """Desired size of a group (``rrl scale`` writes it; the spec gives the start)."""
+        if group == "rollout" and getattr(self, "autoscaler", None) is not None:
+            return self.autoscaler.size  # type: ignore[union-attr]
         default = self.spec.rollout.replicas if group == "rollout" else self.spec.trainer.replicas
         return int(self.desired.get(group) or default)
 
@@ -374,6 +476,12 @@ def _actor_error(refs: list[Any]) -> BaseException | None:
         except Exception:  # other errors are raised where the results are read
             continue
     return None
+
+
+def _stale(e: BaseException) -> bool:
+    from .fencing import StaleLeader
+
+    return isinstance(e, StaleLeader) or isinstance(getattr(e, "cause", None), StaleLeader)
 
 
 def _reason(e: BaseException) -> str:

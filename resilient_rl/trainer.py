@@ -34,6 +34,7 @@ from checkpoints.snapshots import snapshot_dir, write_manifest
 from controller.membership import Registration
 from controller.store import Store
 
+from .fencing import check_fence
 from .grpo import group_advantages, grpo_loss, sequence_logprobs
 from .spec import JobSpec
 
@@ -61,6 +62,14 @@ def batch_tensors(samples: list[dict[str, Any]], pad: int) -> dict[str, torch.Te
         attn[i, : len(seq)] = 1
         comp[i, len(s["prompt_ids"]) : len(seq)] = 1.0
     return {"input_ids": ids, "attention_mask": attn, "completion_mask": comp}
+
+
+def _node_id() -> str | None:
+    """The Ray node this process runs on (None outside Ray)."""
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # not in a Ray worker
+        return None
 
 
 def trainer_actor() -> Any:
@@ -97,11 +106,38 @@ class TrainerRank:
         self.model_dir = model_dir
         self.journal = Journal(os.path.join(workdir, "journal"))
         self.store = Store(etcd, timeout=2.0, retry_window=30.0)
-        self.member = Registration(self.store, job, "trainer", str(rank), ttl=self.spec.fault.lease_ttl, world=world)
+        self.member = Registration(
+            self.store, job, "trainer", str(rank), ttl=self.spec.fault.lease_ttl, world=world, ray_node=_node_id()
+        )
         self.step = 0
         self.model: Any = None
         self.backend = make_backend(self.spec.checkpoint.backend)
         self._pending: tuple[PendingSnapshot | str, Path, int, float] | None = None
+        self.fence = 0  # newest leader token seen (see check_fence)
+        self.last: dict[str, Any] | None = None  # the result of the newest train_step
+
+    def adopt(self, token: int, spec_digest: str) -> dict[str, Any]:
+        """A (new) leader takes this rank over: raise the fence, report where the rank is.
+
+        Runs in the default group, so it answers only after a train step in progress
+        (sent by the previous leader) has finished: ``step`` is then settled. A
+        snapshot the previous leader left in flight is waited for and abandoned (it
+        was never committed; its folder is collected as garbage).
+        """
+        check_fence(self.fence, token, "adopt")
+        if spec_digest != self.spec.digest():
+            raise ValueError("this rank runs another spec of the job (a leftover of an earlier run)")
+        self.fence = token
+        if self._pending is not None:
+            pending = self._pending[0]
+            if not isinstance(pending, str):
+                with contextlib.suppress(SnapshotError):
+                    pending.wait()
+            self._pending = None
+        last = None
+        if self.last is not None:
+            last = {k: v for k, v in self.last.items() if k != "weights"}
+        return {"rank": self.rank, "world": self.world, "step": self.step, "pid": os.getpid(), "last": last}
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group (called on rank 0 only)."""
@@ -161,11 +197,12 @@ class TrainerRank:
 
     # -- snapshots (see checkpoints/) ------------------------------------------
 
-    def snapshot(self, root: str) -> dict[str, Any]:
+    def snapshot(self, root: str, token: int = 0) -> dict[str, Any]:
         """Start an async snapshot of the state after ``self.step`` steps (collective, at a
         step boundary). Returns once the state is staged; the write goes on in the
         background and :meth:`wait_snapshot` reports its outcome. A write error here (disk
         full while writing the RNG file) is reported the same way, never raised."""
+        check_fence(self.fence, token, "snapshot")
         if self._pending is not None:
             raise RuntimeError("a snapshot is already in flight")
         path = snapshot_dir(root, self.step)
@@ -231,13 +268,14 @@ class TrainerRank:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
 
-    def train_step(self, step: int, publish: bool = True) -> dict[str, Any]:
+    def train_step(self, step: int, publish: bool = True, token: int = 0) -> dict[str, Any]:
         """Train on the complete journal batch of ``step``; returns metrics.
 
         Rank 0's result carries ``weights`` (an object-store reference to the new
         state dict, policy version ``step + 1``) when ``publish``. Raises
         :class:`StepRejected` on every rank if any rank saw a non-finite loss.
         """
+        check_fence(self.fence, token, f"train step {step}")
         if step != self.step:
             raise RuntimeError(f"rank {self.rank} is at step {self.step}, asked to train step {step}")
         samples = self.journal.read_batch(step)
@@ -309,6 +347,7 @@ class TrainerRank:
         }
         if self.rank == 0 and publish:
             out["weights"] = self._put_weights()
+        self.last = out
         return out
 
     def shutdown(self) -> None:

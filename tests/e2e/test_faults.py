@@ -1,0 +1,181 @@
+"""Control-plane faults on a running job: the leader controller killed or paused, etcd
+stopped and restarted, and a rollout crash loop. Real etcd, Ray and controller
+processes (HF engine for speed); each job must keep its workers where the design says
+so, commit every step exactly once, and end with weights equal to a fault-free replay.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller import events, jobs, keys
+from controller.service import controllers
+from resilient_rl.local import start_etcd
+from tests.e2e.conftest import LivePlatform, metrics
+from tests.e2e.test_rl_job import _check_journal, _spec, _wait_event, _wait_step
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+
+TTL = 5  # the controllers' leader lease TTL (`rrl controller --ttl`, default)
+
+
+def _worker_pids(platform: LivePlatform, job: str) -> dict[str, int]:
+    members = jobs.get(platform.store, job).members
+    return {f"{g}/{w}": info["pid"] for g, ws in members.items() for w, info in ws.items()}
+
+
+def _leader(platform: LivePlatform) -> tuple[str, int]:
+    """(process name, pid) of the leading controller, from the leader key and `rrl up`'s record."""
+    kv = platform.store.get(keys.leader())
+    assert kv is not None, "no leader"
+    leader_id = kv.value.decode()
+    info = next(c for c in controllers(platform.store) if c["id"] == leader_id)
+    procs = platform.platform.load()["processes"]
+    name = next(n for n, p in procs.items() if n.startswith("controller-") and p["pid"] == info["pid"])
+    return name, info["pid"]
+
+
+def _wait_new_leader(platform: LivePlatform, old_pid: int, timeout: float) -> float:
+    """Seconds until a controller other than ``old_pid`` holds the leader key."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        kv = platform.store.get(keys.leader())
+        if kv is not None:
+            info = [c for c in controllers(platform.store) if c["id"] == kv.value.decode()]
+            if info and info[0]["pid"] != old_pid:
+                return time.monotonic() - t0
+        time.sleep(0.1)
+    raise AssertionError(f"no new leader within {timeout}s")
+
+
+def _wait_workers(platform: LivePlatform, job: str, want: dict[str, int], timeout: float = 60) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = _worker_pids(platform, job)
+        groups = {g: sum(k.startswith(g + "/") for k in pids) for g in want}
+        if groups == want:
+            return pids
+        assert time.monotonic() < deadline, pids
+        time.sleep(0.2)
+
+
+def _assert_exactly_once_and_replay(platform: LivePlatform, job: str, work: Path, steps: int) -> dict[str, Any]:
+    from resilient_rl.spec import JobSpec
+    from resilient_rl.verify import replay_digest
+
+    rec = platform.wait(job)
+    assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+    assert rec.state["step"] == steps
+    assert [m["step"] for m in metrics(work)] == list(range(steps))  # every step committed once, in order
+    _check_journal(work, steps, 4, 4, 3)  # every prompt of every step exactly once
+    digest = replay_digest(JobSpec.model_validate(rec.spec), steps, platform.data["ray"], platform.data["etcd"])
+    assert digest == rec.state["weights_digest"]  # nothing applied twice, nothing skipped
+    return rec.state
+
+
+@pytest.mark.timeout(900)
+def test_leader_killed_then_paused_job_keeps_its_workers(platform: LivePlatform, tmp_path: Path) -> None:
+    """SIGKILL the leader: the standby leads within TTL + 2 s and adopts the running
+    workers (none restarted). Then SIGSTOP the new leader past its TTL and SIGCONT it
+    after another took over: it is fenced out and demotes itself."""
+    platform.platform.up(controllers=2, progress=lambda *_: None)
+    work = tmp_path / "leader"
+    steps = 70
+    job = platform.submit(
+        _spec("e2e-leader", work, rollout={"replicas": 2}, steps=steps, checkpoint={"dir": str(work), "every": 5},
+              **{"async": {"max_staleness": 1}})
+    )  # fmt: skip
+    _wait_step(platform, job, 4)
+    before = _wait_workers(platform, job, {"rollout": 2, "trainer": 2})
+
+    name, pid = _leader(platform)
+    os.kill(pid, signal.SIGKILL)
+    took = _wait_new_leader(platform, pid, TTL + 10)
+    assert took <= TTL + 2, f"standby took {took:.1f}s to lead"
+    _wait_event(platform, job, "adopted", timeout=120)
+    at = jobs.get(platform.store, job).state["step"]
+    _wait_step(platform, job, at + 3)
+    assert _worker_pids(platform, job) == before  # the same worker processes: adopted, not restarted
+    platform.platform.up(controllers=2, progress=lambda *_: None)  # the killed one comes back as a standby
+
+    name2, pid2 = _leader(platform)
+    os.kill(pid2, signal.SIGSTOP)
+    try:
+        _wait_new_leader(platform, pid2, TTL + 15)
+        at = jobs.get(platform.store, job).state["step"]
+        _wait_step(platform, job, at + 2)  # the newest leader is committing steps
+    finally:
+        os.kill(pid2, signal.SIGCONT)  # wakes up believing it leads
+    state = _assert_exactly_once_and_replay(platform, job, work, steps)
+    assert state["step"] == steps
+
+    evs = events.read(platform.store, job, limit=2000)
+    kinds = [e["kind"] for e in evs]
+    assert kinds.count("adopted") >= 2, kinds
+    assert "trainer_restart" not in kinds and "rollout_fault" not in kinds, kinds
+    adopted = [e for e in evs if e["kind"] == "adopted"]
+    assert all(e["trainers"] == 2 and e["rollouts"] == 2 for e in adopted), adopted
+    log = (platform.home / "logs" / f"{name2}.log").read_text()
+    assert "no longer leader" in log or "stepping down" in log, log[-3000:]
+
+
+@pytest.mark.timeout(900)
+def test_etcd_stopped_for_10s_and_restarted_job_continues(platform: LivePlatform, tmp_path: Path) -> None:
+    """Stop etcd mid-job for 10 s, start it again on the same data folder: the workers
+    stay, the leader steps back and takes the job over again, no step lost or repeated."""
+    work = tmp_path / "etcd-outage"
+    steps = 50
+    job = platform.submit(_spec("e2e-etcd", work, steps=steps, checkpoint={"dir": str(work), "every": 5}))
+    _wait_step(platform, job, 4)
+    before = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
+
+    data = platform.platform.load()
+    etcd_pid = data["processes"]["etcd"]["pid"]
+    os.kill(etcd_pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while os.path.exists(f"/proc/{etcd_pid}") and open(f"/proc/{etcd_pid}/stat").read().split()[2] != "Z":
+        assert time.monotonic() < deadline, "etcd did not stop"
+        time.sleep(0.1)
+    time.sleep(10)
+    ports = data["ports"]
+    p = start_etcd(
+        platform.home / "etcd", ports["etcd_client"], ports["etcd_peer"], platform.home / "logs" / "etcd.log"
+    )
+    data = platform.platform.load()
+    data["processes"]["etcd"]["pid"] = p.pid  # so that the platform's teardown stops the new one
+    platform.platform.save(data)
+
+    at = jobs.get(platform.store, job).state["step"]
+    _wait_step(platform, job, min(steps, at + 3), timeout=180)
+    assert set(_worker_pids(platform, job).values()) == set(before.values())  # the same workers re-registered
+    _assert_exactly_once_and_replay(platform, job, work, steps)
+    kinds = [e["kind"] for e in events.read(platform.store, job, limit=2000)]
+    assert "trainer_restart" not in kinds and "rollout_fault" not in kinds, kinds
+
+
+@pytest.mark.timeout(600)
+def test_crash_looping_rollout_worker_fails_job_with_clear_reason(platform: LivePlatform, tmp_path: Path) -> None:
+    """Replacements whose engine cannot start (the model folder is gone) spend the
+    restart budget, with backoff, and the job ends FAILED saying why."""
+    work = tmp_path / "crash-loop"
+    job = platform.submit(
+        _spec(
+            "e2e-crashloop", work, trainer={"replicas": 1}, steps=200, fault={"max_restarts": 2, "restart_window": 600}
+        )
+    )
+    _wait_step(platform, job, 2)
+    (work / "model").rename(work / "model.gone")  # only replacements read it now
+    pid = _worker_pids(platform, job)["rollout/0"]
+    os.kill(pid, signal.SIGKILL)
+    rec = platform.wait(job, timeout=240)
+    assert rec.phase == "FAILED"
+    assert "rollout group restarted 3 times" in rec.state["reason"] and "crash loop" in rec.state["reason"]
+    faults = [e for e in events.read(platform.store, job, limit=2000) if e["kind"] == "rollout_fault"]
+    assert [f["backoff_s"] for f in faults] == [0.5, 1.0]  # backed off, not a tight loop; the 3rd gave up
+    assert platform.store.range(keys.members(job))[0] == []  # the failed job's workers are gone

@@ -1,0 +1,108 @@
+"""Ray node loss: a job spread over three Ray nodes (``ray.cluster_utils.Cluster``, all on
+this machine) loses the node that hosts one of its rollout workers and one of its
+trainer ranks; both groups are rebuilt on the remaining nodes and the job finishes with
+every step committed once and weights equal to a fault-free replay.
+
+The cluster, its own etcd and a controller process belong to this test (the session
+platform is not used: its controller would take the job).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller import events, jobs
+from resilient_rl.local import ManagedProcess, ray_env
+from resilient_rl.spec import JobSpec, parse_spec
+from tests.conftest import EtcdServer
+from tests.e2e.conftest import metrics
+from tests.e2e.test_rl_job import _check_journal, _spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    for k, v in ray_env().items():  # every Ray listener on loopback, as `rrl up` does
+        monkeypatch.setenv(k, v)
+
+    if ray.is_initialized():  # connected to the session platform's Ray: one cluster per process
+        ray.shutdown()
+    args = {"node_ip_address": "127.0.0.1", "object_store_memory": 100 << 20}
+    c = Cluster(initialize_head=True, head_node_args={**args, "num_cpus": 0})
+    nodes = [c.add_node(**args, num_cpus=3) for _ in range(3)]
+    c.wait_for_nodes()
+    try:
+        yield c, nodes
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
+
+
+def _members(store: Any, job: str) -> dict[str, dict[str, Any]]:
+    m = jobs.get(store, job).members
+    return {f"{g}/{w}": info for g, ws in m.items() for w, info in ws.items()}
+
+
+@pytest.mark.timeout(900)
+def test_ray_node_hosting_a_rollout_worker_and_a_trainer_rank_is_removed(
+    cluster: Any, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    c, nodes = cluster
+    store = etcd.store()
+    home = tmp_path / "home"
+    env = {**ray_env(), "RRL_HOME": str(home)}
+    argv = [sys.executable, "-m", "resilient_rl.cli", "controller", "--etcd", etcd.endpoint, "--ray-address", c.address]
+    ctl = ManagedProcess.spawn("controller", argv, tmp_path / "controller.log", env=env)
+    try:
+        work = tmp_path / "job"
+        steps = 40
+        # 3 CPUs per node: a rank takes 2 and a rollout worker 1, so Ray packs one of each per node
+        spec = parse_spec(
+            _spec("e2e-nodes", work, rollout={"replicas": 2, "num_cpus": 1}, trainer={"replicas": 2, "num_cpus": 2},
+                  steps=steps, checkpoint={"dir": str(work), "every": 5})
+        )  # fmt: skip
+        job = spec.name
+        jobs.submit(store, job, spec.to_json(), {"rollout": 2, "trainer": 2})
+        deadline = time.monotonic() + 300
+        while (rec := jobs.get(store, job)).state.get("step", 0) < 4:
+            assert rec.phase not in jobs.TERMINAL, rec.state
+            assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
+            time.sleep(0.2)
+
+        members = _members(store, job)
+        by_node: dict[str, set[str]] = {}
+        for name, info in members.items():
+            by_node.setdefault(info["ray_node"], set()).add(name.split("/")[0])
+        target = next((n for n, groups in by_node.items() if groups == {"rollout", "trainer"}), None)
+        assert target is not None, f"no node hosts both a rollout worker and a trainer rank: {by_node}"
+        victim = next(n for n in nodes if n.node_id == target)
+        c.remove_node(victim, allow_graceful=False)
+
+        deadline = time.monotonic() + 600
+        while (rec := jobs.get(store, job)).phase not in jobs.TERMINAL:
+            assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
+            time.sleep(0.5)
+        assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+        assert [m["step"] for m in metrics(work)] == list(range(steps))
+        _check_journal(work, steps, 4, 4, 3)
+        kinds = [e["kind"] for e in events.read(store, job, limit=2000)]
+        assert "trainer_restart" in kinds and "rollout_fault" in kinds and "group_restored" in kinds, kinds
+
+        from resilient_rl.verify import replay_digest
+
+        digest = replay_digest(JobSpec.model_validate(rec.spec), steps, c.address, etcd.endpoint)
+        assert digest == rec.state["weights_digest"]
+    finally:
+        ctl.stop()
+        store.close()
