@@ -6,10 +6,10 @@ no I/O here, so the page, the JSON API and the Prometheus collector agree.
 Faults and recoveries are read from the event log the leader writes
 (``rollout_fault``, ``rollout_hang``, ``trainer_restart`` ... see
 docs/architecture.md). A rollout worker's recovery is the first
-``rollout_joined`` of the same worker after its fault; a trainer group's is
-``trainer_recovered`` (which carries ``seconds``); the job's own is
-``recovered`` (the first step committed after a fault, with ``seconds`` from
-the detection).
+``rollout_joined`` of the same worker after its fault (or ``group_restored``);
+a trainer group's is ``trainer_recovered``; the job's own is ``recovered`` (the
+first step committed after a fault); a new leader's is ``adopted``. Those that
+carry ``seconds`` feed the recovery histogram.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from ..jobs import JobRecord
 
 # event kinds, by what they mean to an operator
 FAULT_KINDS = ("rollout_fault", "rollout_hang", "trainer_restart", "snapshot_failed", "snapshot_corrupt", "failed")
-RECOVERY_KINDS = ("recovered", "rollout_joined", "trainer_recovered")
+# the job's own (a step committed after a fault), a group's, a new leader's take-over
+RECOVERY_KINDS = ("recovered", "group_restored", "trainer_recovered", "adopted", "commit_recovered")
+ROLLOUT_FAULTS = ("rollout_fault", "rollout_hang")
 
 
 def is_fault(ev: dict[str, Any]) -> bool:
@@ -32,37 +34,48 @@ def is_fault(ev: dict[str, Any]) -> bool:
 
 
 def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Recovery events, each with ``seconds`` (fault -> back) where it can be told.
+    """Recovery events, oldest first, each with ``seconds`` (fault -> back) where it is known.
 
-    ``rollout_joined`` counts only when it follows a fault of the same worker
-    (the first join of every worker is a start, not a recovery).
+    The kinds of RECOVERY_KINDS, plus a ``rollout_joined`` that follows a fault of the
+    same worker (the first join of a worker is a start, not a recovery); its seconds
+    are its ``recovery_s``, else measured from the fault event.
     """
     pending: dict[Any, float] = {}  # rollout worker -> time of its unrecovered fault
-    trainer_fault: float | None = None
     out = []
     for ev in events:
         kind = ev.get("kind")
-        if kind in ("rollout_fault", "rollout_hang"):
+        if kind in ROLLOUT_FAULTS:
             pending.setdefault(ev.get("worker"), ev["time"])
-        elif kind == "trainer_restart" and is_fault(ev):
-            trainer_fault = ev["time"] if trainer_fault is None else trainer_fault
         elif kind == "rollout_joined" and ev.get("worker") in pending:
             t0 = pending.pop(ev.get("worker"))
-            out.append({**ev, "seconds": round(ev["time"] - t0, 3)})
-        elif kind == "recovered":
+            out.append({**ev, "seconds": ev.get("recovery_s", round(ev["time"] - t0, 3))})
+        elif kind in RECOVERY_KINDS:
             out.append(ev)
-        elif kind == "trainer_recovered":
-            if trainer_fault is not None:
-                out.append({**ev, "seconds": round(ev["time"] - trainer_fault, 3)})
-                trainer_fault = None
     return out
 
 
 def recovered_count(events: list[dict[str, Any]]) -> int:
-    """Faults the job recovered from: its ``recovered`` events (one per fault) when the
-    leader writes them, else the worker / group recoveries."""
-    job_level = sum(1 for e in events if e.get("kind") == "recovered")
-    return job_level or len(recoveries(events))
+    """How many worker faults were recovered from: a rollout fault by the next join of
+    that worker (or the group being restored), a trainer fault by ``trainer_recovered``."""
+    rollout: set[Any] = set()  # workers with an open fault
+    trainer = 0
+    n = 0
+    for ev in events:
+        kind = ev.get("kind")
+        if kind in ROLLOUT_FAULTS:
+            rollout.add(ev.get("worker"))
+        elif kind == "trainer_restart" and is_fault(ev):
+            trainer += 1
+        elif kind == "rollout_joined" and ev.get("worker") in rollout:
+            rollout.discard(ev.get("worker"))
+            n += 1
+        elif kind == "group_restored" and ev.get("group", "rollout") == "rollout":
+            n += len(rollout)
+            rollout.clear()
+        elif kind == "trainer_recovered" and trainer:
+            n += trainer
+            trainer = 0
+    return n
 
 
 def restarts(events: list[dict[str, Any]]) -> dict[tuple[str, str], int]:

@@ -245,8 +245,23 @@ def test_metrics_and_pages_escape_what_etcd_holds(ctls: tuple[Ctl, Ctl], etcd: E
         assert time.monotonic() < deadline
         time.sleep(0.05)
     evil = "<script>alert('x')</script><b>bold</b>"
+    # a fault and its recovery, as the leader's runner writes them
+    leader.c.event("esc", "rollout_joined", "rollout worker 1 joined", worker=1)  # a start, not a recovery
+    leader.c.event("esc", "rollout_fault", "rollout worker 1 lost", worker=1)
+    leader.c.event("esc", "rollout_joined", "rollout worker 1 joined again", worker=1, recovery_s=2.5)
+    leader.c.event("esc", "group_restored", "rollout group back", group="rollout", seconds=2.5)
     leader.c.update_state("esc", phase="FAILED", reason=evil, step=2, reward=0.25, step_seconds=0.5)
     leader.c.event("esc", "failed", evil)
+    summary = httpx.get(f"{u}/api/v1/jobs/esc").json()["summary"]
+    assert (summary["failures"], summary["recoveries"]) == (2, 1)
+    view = httpx.get(f"{u}/api/v1/jobs/esc/view").json()
+    assert [(m["kind"], m["what"]) for m in view["markers"]] == [
+        ("rollout_fault", "fault"),
+        ("rollout_joined", "recovery"),
+        ("group_restored", "recovery"),
+        ("failed", "fault"),
+    ]
+    assert view["workers"] == {}
     page = httpx.get(f"{u}/jobs/esc").text
     assert evil not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
     assert "<script>alert" not in page.replace('<script id="initial-view"', "").replace("<script src=", "")
@@ -259,7 +274,11 @@ def test_metrics_and_pages_escape_what_etcd_holds(ctls: tuple[Ctl, Ctl], etcd: E
     assert steps == {"esc": 2.0}
     assert [s.value for s in fams["rrl_job_reward"].samples] == [0.25]
     assert {s.labels["phase"] for s in fams["rrl_job_phase"].samples} == {"FAILED"}
-    assert fams["rrl_job_faults"].samples[0].value == 1
+    assert fams["rrl_job_faults"].samples[0].value == 2
+    counts = {s.labels["kind"]: s.value for s in fams["rrl_recovery_seconds"].samples if s.name.endswith("_count")}
+    assert counts == {"rollout_joined": 1, "group_restored": 1}
+    restarts = {s.labels["group"]: s.value for s in fams["rrl_worker_restarts"].samples if s.name.endswith("_total")}
+    assert restarts == {"rollout": 1, "trainer": 0}
     assert fams["rrl_etcd_up"].samples[0].value == 1
     assert "rrl_etcd_request_errors" in fams and "rrl_leader_changes" in fams
 
@@ -306,3 +325,23 @@ def test_rrl_controller_process_serves_http_with_a_private_token(etcd: EtcdServe
         assert r.status_code == 404  # past the token check
     finally:
         proc.stop()
+
+
+def test_rrl_events_follow_prints_new_events_as_they_come(
+    ctls: tuple[Ctl, Ctl], etcd: EtcdServer, rrl_home: Path
+) -> None:
+    leader, _ = ctls
+    assert httpx.post(leader.url + "/api/v1/jobs", json={"spec": spec("follow")}, headers=AUTH).status_code == 201
+    rrl = Path(sys.executable).parent / "rrl"
+    argv = [str(rrl), "events", "follow", "--follow", "-o", "json", "--etcd", etcd.endpoint]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        first = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+        assert first["kind"] == "submitted" and first["seq"] == 0
+        leader.c.event("follow", "scale", "later event")  # written after the CLI printed the log so far
+        later = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+        assert (later["seq"], later["message"]) == (1, "later event")
+        assert proc.poll() is None  # still following
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait(timeout=10)
