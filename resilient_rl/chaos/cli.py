@@ -47,7 +47,7 @@ def _summary(rep: dict[str, Any]) -> int:
     t = Table(box=None, header_style="bold", title=f"faults ({rep.get('scenario')})")
     for col in ("#", "KIND", "STATUS", "DETECT S", "NEXT COMMIT S", "RECOVERED S", "GROUP OK S"):
         t.add_column(col, no_wrap=True)
-    t.add_column("NOTE", overflow="fold")
+    t.add_column("NOTE", overflow="ellipsis", no_wrap=True, min_width=16)
     for f in rep.get("faults", []):
         fig = f.get("figures", {})
         t.add_row(str(f["id"]), f["kind"], f.get("status", "?"),
