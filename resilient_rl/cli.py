@@ -187,6 +187,9 @@ def up(
     except PlatformError as e:
         fail(str(e))
     out.print(f"[green]platform up[/]: etcd {data['etcd']}, ray {data['ray']}, home {Platform().home}")
+    pages = list((data.get("api") or {}).values())
+    if pages:
+        out.print(f"status page: {pages[0]}/  (`rrl ui --with-token` adds the token for its buttons)", highlight=False)
 
 
 @app.command()
