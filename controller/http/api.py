@@ -91,6 +91,17 @@ class Counter:
         return self._n
 
 
+MAX_POINTS = 20_000
+
+
+def _thin(points: dict[int, dict[str, Any]]) -> None:
+    """Keep memory bounded on a long job: past MAX_POINTS, drop every other older point."""
+    if len(points) > MAX_POINTS:
+        steps = sorted(points)
+        for k in steps[:-1:2]:
+            del points[k]
+
+
 class History:
     """Per-step metrics for the plots.
 
@@ -121,6 +132,7 @@ class History:
                         "time": time.time(),
                     },
                 )
+                _thin(self._seen[rec.id])
 
     def get(self, rec: jobs.JobRecord) -> list[dict[str, Any]]:
         self.observe(rec)
@@ -156,6 +168,7 @@ class History:
                     "step_seconds": m.get("step_seconds"),
                     "time": m.get("time"),
                 }
+        _thin(points)
         self._files[job] = (path, offset + end, points)
         return points
 
