@@ -2,7 +2,7 @@
 
 Layout under the journal root::
 
-    step-00000012/shard-0003.json     a shard's trajectories (written by a rollout worker)
+    step-00000012/shard-0003-<digest>.json  a shard's trajectories (written by a rollout worker)
     step-00000012/batch.json          the batch manifest: every shard's file + digest
 
 Every file is written atomically (temp file in the same folder, fsync,
@@ -43,8 +43,8 @@ class ShardRef:
         return asdict(self)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+def _durable_temp(path: Path, data: bytes) -> str:
+    """``data`` in a new fsynced temporary file beside ``path``; returns its name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -52,12 +52,19 @@ def atomic_write(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+    tmp = _durable_temp(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        os.unlink(tmp)
         raise
     fsync_dir(path.parent)
 
@@ -65,17 +72,11 @@ def atomic_write(path: Path, data: bytes) -> None:
 def atomic_create(path: Path, data: bytes) -> bool:
     """Like :func:`atomic_write`, but only if ``path`` does not exist yet (hard link of a
     complete temporary file: atomic and exclusive). True if this call created it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _durable_temp(path, data)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
     finally:
         os.unlink(tmp)
     fsync_dir(path.parent)
@@ -105,12 +106,18 @@ class Journal:
         return self.root / f"step-{step:08d}"
 
     def write_shard(self, step: int, shard: int, samples: list[dict[str, Any]], meta: dict[str, Any]) -> ShardRef:
-        """Durably write one shard; returns its reference. Rewriting a shard (a retry after a
-        fault) replaces it whole; the batch manifest decides which version counts."""
+        """Durably write one shard; returns its reference.
+
+        Files are named by content (``shard-{i}-{digest[:16]}.json``): a shard generated
+        again (a retry after a fault, a worker a new leader re-dispatched) lands in a
+        file of its own and never changes one a complete batch already points to; the
+        batch manifest decides which one counts.
+        """
         data = json.dumps({"step": step, "shard": shard, "meta": meta, "samples": samples}).encode()
-        path = self.step_dir(step) / f"shard-{shard:04d}.json"
+        digest = sha256(data)
+        path = self.step_dir(step) / f"shard-{shard:04d}-{digest[:16]}.json"
         atomic_write(path, data)
-        return ShardRef(step, shard, str(path), sha256(data), len(samples))
+        return ShardRef(step, shard, str(path), digest, len(samples))
 
     def read_shard(self, ref: ShardRef | dict[str, Any]) -> dict[str, Any]:
         """Read and verify a shard. Raises :class:`JournalCorrupt`."""

@@ -150,7 +150,7 @@ class Controller:
             cur = json.loads(kv.value) if kv else {}
             if expect is not None:
                 expect(cur)
-            new = {**cur, **changes}
+            new = {**cur, **changes, "writer": self.id, "token": self.election.token}  # who wrote it (audit)
             guard = Compare(key, "mod", "=", kv.mod_revision) if kv else Compare(key, "create", "=", 0)
             if self.election.fenced_txn([guard], success=[Put(key, json.dumps(new))]).succeeded:
                 return new

@@ -125,9 +125,11 @@ class RolloutGroup:
             else:
                 self.add(i, version, weights)
         limit = self.join_limit()
-        for ref, (i, _) in list(self.joining.items()):
+        for ref, (i, sent) in list(self.joining.items()):
+            while not ray.wait([ref], timeout=1.0)[0] and time.monotonic() - sent < limit:
+                self.r.check_leader()  # a deposed runner must stop here, not go on starting workers
             try:
-                ray.get(ref, timeout=limit)
+                ray.get(ref, timeout=0)
             except Exception as e:
                 if _is_stale(e):
                     raise self.r.not_leader(e) from None
@@ -265,6 +267,9 @@ class WeightStore:
     def ping(self) -> bool:
         return True
 
+    def shutdown(self) -> None:
+        """Nothing to leave (no membership); the job's end kills this actor."""
+
 
 class TrainerGroup:
     """All ranks of the trainer, started, restored and replayed together."""
@@ -319,6 +324,7 @@ class TrainerGroup:
             self.r.c.event(self.r.job, "replay", f"replaying steps {s}..{k - 1} from the journal", first=s, last=k - 1)
         out = None
         for j in range(s, k):
+            self.r.check_leader()
             out = ray.get([t.train_step.remote(j, j == k - 1, self.r.token) for t in self.ranks])[0]
         return out["weights"] if out is not None else ray.get(self.ranks[0].publish.remote())["weights"]
 
@@ -359,6 +365,20 @@ class TrainerGroup:
             weights = kept[0] if kept else ray.get(self.ranks[0].publish.remote())["weights"]
         return s, status[0]["last"], weights
 
+    def start_retrying(self, k: int, world: int) -> Any:
+        """:meth:`start`; a rank that dies meanwhile (node lost, OOM) costs one restart of the
+        budget and the group starts again, rather than failing the job."""
+        from ray.exceptions import RayActorError
+
+        while True:
+            self.r.check_leader()
+            try:
+                return self.start(k, world)
+            except RayActorError as e:
+                self.r.c.event(self.r.job, "trainer_restart", f"a trainer rank died while starting "
+                               f"({_describe(e)}): starting the group again", world=world)  # fmt: skip
+                self.budget.spend()
+
     def restart(self, k: int, world: int, why: str) -> Any:
         """A rank died (or the world size changes): restart the whole group at step ``k``.
         Returns the weights of version k (as :meth:`start`)."""
@@ -367,7 +387,7 @@ class TrainerGroup:
         self.r.c.event(self.r.job, "trainer_restart", f"{why}: restarting {world} trainer ranks at step {k}",
                        world=world)  # fmt: skip
         self.budget.spend()
-        weights = self.start(k, world)
+        weights = self.start_retrying(k, world)
         self.r.c.event(self.r.job, "trainer_recovered", f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",
                        seconds=round(time.monotonic() - t0, 2), world=world)  # fmt: skip
         return weights

@@ -52,7 +52,11 @@ class RolloutWorker:
             ray_node=ray.get_runtime_context().get_node_id(),
         )  # fmt: skip
         t0 = time.monotonic()
-        self.engine = make_engine(r.engine, model_dir, self.spec.model.dtype, r.kv_cache_gib, self.spec.seed)
+        try:
+            self.engine = make_engine(r.engine, model_dir, self.spec.model.dtype, r.kv_cache_gib, self.spec.seed)
+        except BaseException:
+            self.member.close()  # leave at once: a worker that never started is not a member
+            raise
         self.member.update(status="ready", engine_start_s=round(time.monotonic() - t0, 2))
 
     def load_weights(self, version: int, state_dict: dict[str, Any]) -> int:

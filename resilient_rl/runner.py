@@ -21,6 +21,7 @@ runner cannot commit anything.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -43,6 +44,7 @@ from .spec import JobSpec
 log = logging.getLogger(__name__)
 
 NAMESPACE = "rrl"
+_RUNNER_SEQ = itertools.count(1)
 
 
 def actor_name(job: str, group: str, index: int) -> str:
@@ -73,7 +75,10 @@ class JobRunner:
         self.desired = dict(rec.desired)
         self.namespace = NAMESPACE
         self.version, self.weights = 0, None  # the newest committed policy and its object ref
-        self.token = int(controller.election.token)  # fences our calls on workers (see fencing.py)
+        # fences our calls on workers (see fencing.py): the leader's election token, then a per-process
+        # sequence, so a runner started later by the *same* leader (after a lease flicker) also fences
+        # out the one before it
+        self.token = int(controller.election.token) * 1_000_000 + next(_RUNNER_SEQ)
         self.faults: list[tuple[str, float]] = []  # (kind, detected at) awaiting the next committed step
         r = self.spec.rollout
         lo, hi = r.min_replicas or r.replicas, r.max_replicas or r.replicas
@@ -155,7 +160,7 @@ class JobRunner:
         got = self.trainers.adopt(k, self._want("trainer"))
         if got is None:
             self.trainers.kill()
-            self.version, self.weights = k, self.trainers.start(k, self._want("trainer"))
+            self.version, self.weights = k, self.trainers.start_retrying(k, self._want("trainer"))
         else:
             s, last, self.weights = got
             if s == k + 1:  # trained before the previous leader could commit: commit it once, now
@@ -180,6 +185,8 @@ class JobRunner:
     def check_leader(self) -> None:
         """Raise NotLeader unless this controller still certainly leads (checked before
         every action on workers: a deposed leader must not touch them)."""
+        if self._stop.is_set():
+            raise NotLeader(f"the runner of job {self.job} was stopped")
         if not self.c.election.is_leader:
             raise NotLeader(f"controller {self.c.id} no longer leads job {self.job}")
 
@@ -400,10 +407,7 @@ class JobRunner:
         return [idx[bounds[i] : bounds[i + 1]] for i in range(n)]
 
     def _ray_init(self) -> None:
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(address=self.ray_address, namespace=NAMESPACE, log_to_driver=False)
+        _connect_ray(self.ray_address)
 
     def _ensure_model(self) -> str:
         import ray
@@ -436,6 +440,9 @@ class JobRunner:
         }
 
     def _finish(self, phase: str, reason: str | None) -> None:
+        if self._stop.is_set():  # deposed or replaced: what went wrong may be the successor's doing
+            log.warning("job %s: stopped runner does not record %s (%s)", self.job, phase, reason)
+            return
         try:
             self.c.update_state(self.job, phase=phase, reason=reason, finished_at=time.time())
             self.c.event(self.job, phase.lower(), reason or f"job {phase.lower()}")
@@ -492,8 +499,35 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
-def runner_factory(ray_address: str | None, etcd: str) -> Any:
-    """The ``driver_factory`` the controller uses for RL jobs."""
+_ray_lock = threading.Lock()
+
+
+def _connect_ray(address: str | None) -> None:
+    """Connect this process to Ray once (thread-safe)."""
+    with _ray_lock:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+
+
+def runner_factory(ray_address: str | None, etcd: str, *, preconnect: bool = True) -> Any:
+    """The ``driver_factory`` the controller uses for RL jobs.
+
+    With ``preconnect`` the controller connects to Ray in the background right away,
+    as a standby: importing and connecting Ray takes seconds of CPU, which a new
+    leader should not spend while its lease keep-alive competes for the same
+    process (a starved keep-alive makes the leader step down).
+    """
+    if preconnect and ray_address:  # (without an address the first job starts a local Ray)
+
+        def connect() -> None:
+            try:
+                _connect_ray(ray_address)
+            except Exception as e:  # the first job's runner retries and reports it
+                log.warning("could not connect to Ray at %s yet: %s", ray_address, e)
+
+        threading.Thread(target=connect, name="ray-connect", daemon=True).start()
 
     def make(controller: Any, rec: JobRecord) -> JobRunner:
         return JobRunner(controller, rec, ray_address, etcd)

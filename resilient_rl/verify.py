@@ -22,11 +22,14 @@ def replay_digest(
     ray_address: str | None,
     etcd: str,
     progress: Callable[[int], None] = lambda _: None,
+    restore: str | None = None,
 ) -> str:
     """Digest of the weights after training a fresh group on journal batches 0..steps-1.
 
+    With ``restore`` (a snapshot folder), the group restores it first and trains only
+    the batches from the snapshot's step on (the restore check of invariant 4).
     Raises ``checkpoints.journal.JournalCorrupt`` (wrapped by Ray) if a batch is
-    missing or a shard does not match its digest.
+    missing or a shard does not match its digest, and whatever the restore raises.
     """
     import ray
 
@@ -37,7 +40,7 @@ def replay_digest(
     workdir = job_workdir(spec)
     model_dir = spec.model.path or str(workdir / "model")
     world = spec.trainer.replicas
-    member_job = f"verify-{spec.name}"[:63].rstrip("-")
+    member_job = f"{'restore' if restore else 'verify'}-{spec.name}"[:63].rstrip("-")
     cls = trainer_actor()
     ranks: list[Any] = [
         cls.options(num_cpus=spec.trainer.num_cpus).remote(
@@ -47,8 +50,8 @@ def replay_digest(
     ]
     try:
         master = ray.get(ranks[0].address.remote())
-        ray.get([r.setup.remote(master, None) for r in ranks])
-        for j in range(steps):
+        start = int(ray.get([r.setup.remote(master, restore) for r in ranks])[0]["step"])
+        for j in range(start, steps):
             ray.get([r.train_step.remote(j, False) for r in ranks])
             progress(j + 1)
         return str(ray.get(ranks[0].digest.remote()))

@@ -52,7 +52,7 @@ class _ShardWatcher:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.seen: dict[str, int] = {}
+        self.seen: dict[str, set[str]] = {}
         self.rewritten = 0
 
     def poll(self, step: int, ahead: int) -> None:
@@ -62,17 +62,15 @@ class _ShardWatcher:
                 names = os.listdir(d)
             except OSError:
                 continue
-            for n in names:
+            for n in names:  # shard-{i}-{digest}.json: a second file of one shard is a regeneration
                 if not (n.startswith("shard-") and n.endswith(".json")):
                     continue
-                try:
-                    ino = os.stat(d / n).st_ino
-                except OSError:
-                    continue
-                key = f"{k}/{n}"
-                if key in self.seen and self.seen[key] != ino:
-                    self.rewritten += 1
-                self.seen[key] = ino
+                key = f"{k}/{n[:10]}"
+                files = self.seen.setdefault(key, set())
+                if n not in files:
+                    if files:
+                        self.rewritten += 1
+                    files.add(n)
 
 
 def _due(f: Fault, t_rel: float, step: int) -> bool:

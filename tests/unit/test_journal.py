@@ -1,0 +1,43 @@
+"""The rollout journal: shards by digest, complete batches written once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from checkpoints.journal import Journal, JournalCorrupt
+
+
+def _sample(i: int) -> dict[str, object]:
+    return {"prompt_index": i, "sample": 0, "token_ids": [1, 2], "reward": 0.5}
+
+
+def test_a_complete_batch_is_written_once_first_writer_wins(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    first = [j.write_shard(0, 0, [_sample(1)], {"worker": 0}), j.write_shard(0, 1, [_sample(2)], {"worker": 0})]
+    assert j.commit_batch(0, first) is True
+    # a late leader completes the same step with other shard files: refused, nothing changes
+    late = [j.write_shard(0, 0, [_sample(7)], {"worker": 1}), j.write_shard(0, 1, [_sample(8)], {"worker": 1})]
+    assert j.commit_batch(0, late) is False
+    assert j.batch(0) == first
+    assert [s["prompt_index"] for s in j.read_batch(0)] == [1, 2]
+    assert not [p for p in j.step_dir(0).iterdir() if p.name.endswith(".tmp")]  # no temporary left behind
+
+
+def test_batch_needs_shards_0_to_n_minus_1(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    ref = j.write_shard(3, 1, [_sample(1)], {})
+    with pytest.raises(ValueError, match="not 0..n-1"):
+        j.commit_batch(3, [ref])
+    assert j.batch(3) is None
+
+
+def test_a_tampered_shard_is_caught_on_read(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    ref = j.write_shard(0, 0, [_sample(1)], {})
+    assert j.commit_batch(0, [ref])
+    shard_file = next(p for p in j.step_dir(0).iterdir() if p.name.startswith("shard"))
+    shard_file.write_bytes(shard_file.read_bytes().replace(b"0.5", b"0.9"))
+    with pytest.raises(JournalCorrupt):
+        j.read_batch(0)
