@@ -20,10 +20,12 @@ lease keep-alive is left to the caller. This adapter owns all three:
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -183,6 +185,38 @@ def _op_pb(op: Op) -> Any:
     return etcdrpc.RequestOp(request_range=req)
 
 
+# Credentials a Store falls back to when its caller gives none: workers (Ray
+# actors) build ``Store(endpoints)`` only, so TLS and auth reach them through
+# their environment. An explicit argument wins; "" means "none" even if set.
+ENV_CA = "RRL_ETCD_CA"
+ENV_CERT = "RRL_ETCD_CERT"
+ENV_KEY = "RRL_ETCD_KEY"
+ENV_USER = "RRL_ETCD_USER"
+ENV_PASSWORD = "RRL_ETCD_PASSWORD"  # noqa: S105 - the variable's name, not a password
+
+# grpc's words for a failed TLS handshake (client or server side)
+_TLS_WORDS = ("ssl", "tls", "tsi_", "handshake", "certificate", "unwrap failed", "wrong_version_number")
+# etcd's errors that mean "log in again" (its simple tokens die with the server)
+_STALE_TOKEN = ("invalid auth token", "revision of auth store is old", "auth token")
+
+
+def _env(value: str | None, name: str) -> str | None:
+    if value is None:
+        value = os.environ.get(name)
+    return value or None
+
+
+def _read_pem(path: str, what: str, env: str) -> bytes:
+    """The bytes of a PEM file, or a ValueError naming the file, what it is for and where it came from."""
+    try:
+        data = Path(path).expanduser().read_bytes()
+    except OSError as e:
+        raise ValueError(f"etcd {what} file {path}: {e.strerror or e} (given as {env} or the matching flag)") from None
+    if b"-----BEGIN" not in data:
+        raise ValueError(f"etcd {what} file {path} is not PEM (no -----BEGIN line)")
+    return data
+
+
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     """``"h1:2379,h2:2379"`` or a list -> ``["h1:2379", "h2:2379"]``; ``http://`` stripped."""
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
@@ -222,22 +256,50 @@ class Store:
         user: str | None = None,
         password: str | None = None,
     ) -> None:
+        """TLS is on when a CA, a client certificate or an ``https://`` endpoint is
+        given (without a CA the system's roots verify the server); ``cert`` and
+        ``key`` are the client certificate and its key (PEM files). ``user`` and
+        ``password`` log in with etcd's auth (a token per connection, renewed
+        when etcd forgets it). Each credential not given falls back to its
+        ``RRL_ETCD_*`` variable (see ``ENV_*``). Raises ValueError for a bad
+        endpoint or an unreadable / half-given credential; never shows the
+        password or key contents (not in errors, logs or ``repr``).
+        """
+        items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
+        https = any(e.strip().startswith("https://") for e in items)
         self.endpoints = parse_endpoints(endpoints)
         self.timeout = timeout
         self.retry_window = retry_window
+        ca_cert, cert, key = _env(ca_cert, ENV_CA), _env(cert, ENV_CERT), _env(key, ENV_KEY)
+        user, password = _env(user, ENV_USER), _env(password, ENV_PASSWORD)
+        if (cert is None) != (key is None):
+            raise ValueError(
+                f"etcd client certificate and key go together: give both ({ENV_CERT} and {ENV_KEY}, "
+                "or --etcd-cert and --etcd-key)"
+            )
+        if password is not None and user is None:
+            raise ValueError(f"an etcd password was given without a user name ({ENV_USER} / --etcd-user)")
+        self.tls = bool(https or ca_cert or cert)
         self._creds = None
-        if ca_cert:
-            with open(ca_cert, "rb") as f:
-                ca = f.read()
-            ck = open(key, "rb").read() if key else None  # noqa: SIM115
-            cc = open(cert, "rb").read() if cert else None  # noqa: SIM115
+        if self.tls:
+            ca = _read_pem(ca_cert, "CA", ENV_CA) if ca_cert else None
+            cc = _read_pem(cert, "client certificate", ENV_CERT) if cert else None
+            ck = _read_pem(key, "client key", ENV_KEY) if key else None
             self._creds = grpc.ssl_channel_credentials(ca, ck, cc)
+        self._client_cert = cert is not None
         self._user, self._password = user, password
         self._lock = threading.Lock()
         self._ep_index = random.randrange(len(self.endpoints))
         self._channel: grpc.Channel | None = None
         self._metadata: tuple[tuple[str, str], ...] | None = None
         self._closed = False
+
+    def __repr__(self) -> str:
+        who = f", user={self._user!r}, password=***" if self._user is not None else ""
+        cert = ", client_cert=True" if self._client_cert else ""
+        return f"Store({','.join(self.endpoints)!r}, tls={self.tls}{cert}{who})"
+
+    __str__ = __repr__
 
     # -- connection management ----------------------------------------------
 
@@ -254,19 +316,71 @@ class Store:
             else:
                 self._channel = grpc.insecure_channel(ep, options=opts)
             self._metadata = None
-            if self._user is not None:
-                stub = etcdrpc.AuthStub(self._channel)
-                try:
-                    resp = stub.Authenticate(
-                        etcdrpc.AuthenticateRequest(name=self._user, password=self._password or ""),
-                        timeout=self.timeout,
-                    )
-                except grpc.RpcError:
-                    self._channel.close()
-                    self._channel = None
-                    raise
-                self._metadata = (("token", resp.token),)
+        if self._user is not None and self._metadata is None:
+            self._authenticate_locked(self._channel)
         return self._channel
+
+    def _authenticate_locked(self, channel: grpc.Channel) -> None:
+        """Log in as ``self._user``; the token goes with every call on this channel."""
+        stub = etcdrpc.AuthStub(channel)
+        try:
+            resp = stub.Authenticate(
+                etcdrpc.AuthenticateRequest(name=self._user, password=self._password or ""),
+                timeout=self.timeout,
+            )
+        except grpc.RpcError as e:
+            channel.close()
+            self._channel = None
+            if e.code() in _TRANSIENT:
+                self._ep_index = (self._ep_index + 1) % len(self.endpoints)
+            raise self._error("Authenticate", e) from e
+        self._metadata = (("token", resp.token),)
+
+    def _drop_token(self, md: tuple[tuple[str, str], ...] | None) -> None:
+        """Forget a token etcd no longer accepts; the next call logs in again."""
+        with self._lock:
+            if self._metadata is md:
+                self._metadata = None
+
+    def _error(self, method: str, e: grpc.RpcError) -> EtcdError:
+        """An RpcError as an EtcdError whose message names the endpoint and says what to check.
+
+        Never contains the password or key: etcd's and grpc's details do not carry them.
+        """
+        code, details = e.code(), e.details() or ""
+        ep = self.endpoints[self._ep_index] if method == "Authenticate" else ",".join(self.endpoints)
+        low = details.lower()
+        if code in _TRANSIENT:
+            hint = ""
+            if any(w in low for w in _TLS_WORDS) or (not self.tls and "socket closed" in low):
+                hint = self._tls_hint()
+            return EtcdUnavailable(f"etcd {method} on {ep}: {code.name}: {details}{hint}")
+        if method == "Authenticate":
+            if "authentication failed" in low or "invalid user" in low or code == grpc.StatusCode.INVALID_ARGUMENT:
+                return EtcdError(
+                    f"etcd at {ep} refused user {self._user!r}: wrong user name or password ({details}); "
+                    f"check {ENV_USER} / {ENV_PASSWORD} (or --etcd-user)"
+                )
+            if "not enabled" in low:
+                return EtcdError(f"etcd at {ep} has auth disabled but a user ({self._user!r}) was given: {details}")
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) or (
+            "user name" in low or "permission denied" in low
+        ):
+            who = f"user {self._user!r}" if self._user is not None else "no user (give --etcd-user / RRL_ETCD_USER)"
+            return EtcdError(f"etcd at {ep} refused {method} for {who}: {code.name}: {details}")
+        return EtcdError(f"etcd {method} on {ep} failed: {code.name}: {details}")
+
+    def _tls_hint(self) -> str:
+        if not self.tls:
+            return (
+                " -- the server may require TLS: give its CA and a client certificate "
+                f"({ENV_CA}, {ENV_CERT}, {ENV_KEY} or --etcd-ca/--etcd-cert/--etcd-key)"
+            )
+        return (
+            " -- TLS handshake failed: check that the CA signed the server's certificate, and that the "
+            "client certificate/key are given and signed by a CA the server trusts "
+            f"({ENV_CA}, {ENV_CERT}, {ENV_KEY} or --etcd-ca/--etcd-cert/--etcd-key)"
+        )
 
     def _stubs(self) -> tuple[grpc.Channel, tuple[tuple[str, str], ...] | None]:
         with self._lock:
@@ -303,19 +417,19 @@ class Store:
         """
 
         def once() -> Any:
-            channel, md = self._stubs()
-            try:
-                return getattr(stub_cls(channel), method)(request, timeout=self.timeout, metadata=md)
-            except grpc.RpcError as e:
-                code = e.code()
-                if code in _TRANSIENT:
-                    self._rotate(channel)
-                    raise EtcdUnavailable(
-                        f"etcd {method} on {','.join(self.endpoints)}: {code.name}: {e.details()}"
-                    ) from e
-                if code == grpc.StatusCode.UNAUTHENTICATED or code == grpc.StatusCode.PERMISSION_DENIED:
-                    raise EtcdError(f"etcd refused {method}: {code.name}: {e.details()}") from e
-                raise EtcdError(f"etcd {method} failed: {code.name}: {e.details()}") from e
+            for attempt in (0, 1):
+                channel, md = self._stubs()
+                try:
+                    return getattr(stub_cls(channel), method)(request, timeout=self.timeout, metadata=md)
+                except grpc.RpcError as e:
+                    code = e.code()
+                    if code in _TRANSIENT:
+                        self._rotate(channel)
+                    elif attempt == 0 and md is not None and any(t in (e.details() or "") for t in _STALE_TOKEN):
+                        self._drop_token(md)  # etcd restarted (or the token expired): log in again, once
+                        continue
+                    raise self._error(method, e) from e
+            raise AssertionError("unreachable")
 
         if not retry:
             return once()
@@ -401,6 +515,21 @@ class Store:
         r = self._call(etcdrpc.MaintenanceStub, "Status", etcdrpc.StatusRequest())
         return {"version": r.version, "leader": r.leader, "member": r.header.member_id, "db_size": r.dbSize}
 
+    # -- auth (setting up a secured cluster; rrl itself only logs in) --------
+
+    def user_add(self, name: str, password: str) -> None:
+        """Create an etcd user."""
+        self._call(etcdrpc.AuthStub, "UserAdd", etcdrpc.AuthUserAddRequest(name=name, password=password), read=False)
+
+    def user_grant_role(self, user: str, role: str) -> None:
+        """Give ``user`` the role ``role`` (``root`` is built in)."""
+        req = etcdrpc.AuthUserGrantRoleRequest(user=user, role=role)
+        self._call(etcdrpc.AuthStub, "UserGrantRole", req, read=False)
+
+    def auth_enable(self) -> None:
+        """Turn etcd's auth on (needs a ``root`` user with the ``root`` role)."""
+        self._call(etcdrpc.AuthStub, "AuthEnable", etcdrpc.AuthEnableRequest(), read=False)
+
     # -- leases --------------------------------------------------------------
 
     def lease_grant(self, ttl: int) -> int:
@@ -427,8 +556,9 @@ class Store:
         except grpc.RpcError as e:
             if e.code() in _TRANSIENT:
                 self._rotate(channel)
-                raise EtcdUnavailable(f"etcd lease keep-alive: {e.code().name}") from e
-            raise EtcdError(f"etcd lease keep-alive failed: {e.code().name}: {e.details()}") from e
+            elif md is not None and any(t in (e.details() or "") for t in _STALE_TOKEN):
+                self._drop_token(md)
+            raise self._error("LeaseKeepAlive", e) from e
         return 0
 
     def keep_lease(self, ttl: int, on_lost: Callable[[], None] | None = None) -> KeptLease:

@@ -60,7 +60,10 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _store(etcd: str | None) -> Any:
+def _store(etcd: str | None, **creds: str | None) -> Any:
+    """The Store every command uses. TLS and auth: ``creds`` (ca_cert, cert, key, user,
+    password; the `controller` command's flags), else the RRL_ETCD_* variables, which
+    controller/store.py reads itself, so Ray workers get them from their environment too."""
     from controller.store import Store
 
     from .local import Platform
@@ -69,7 +72,7 @@ def _store(etcd: str | None) -> Any:
     if not endpoints:
         fail("no etcd to talk to: run `rrl up` to start a local one, or pass --etcd host:port (or set RRL_ETCD)")
     try:
-        return Store(endpoints, timeout=2.0, retry_window=5.0)
+        return Store(endpoints, timeout=2.0, retry_window=5.0, **{k: v for k, v in creds.items() if v is not None})
     except ValueError as e:
         fail(f"--etcd: {e}", 2)
 
@@ -264,9 +267,31 @@ def controller(
     token_file: Annotated[
         Path | None, typer.Option("--token-file", help="API token for mutations (default $RRL_HOME/token; created).")
     ] = None,
+    etcd_ca: Annotated[
+        Path | None, typer.Option("--etcd-ca", envvar="RRL_ETCD_CA", help="CA certificate (PEM) of etcd: TLS.")
+    ] = None,
+    etcd_cert: Annotated[
+        Path | None, typer.Option("--etcd-cert", envvar="RRL_ETCD_CERT", help="Client certificate (PEM) for etcd.")
+    ] = None,
+    etcd_key: Annotated[
+        Path | None, typer.Option("--etcd-key", envvar="RRL_ETCD_KEY", help="Key (PEM) of the client certificate.")
+    ] = None,
+    etcd_user: Annotated[
+        str | None, typer.Option("--etcd-user", envvar="RRL_ETCD_USER", help="etcd user name (auth).")
+    ] = None,
+    etcd_password_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--etcd-password-file",
+            help="File holding the etcd user's password (or set RRL_ETCD_PASSWORD; never a flag: ps shows flags).",
+        ),
+    ] = None,
 ) -> None:
     """Run a controller in the foreground (leader or standby), serving the HTTP API, the status
-    page and /metrics. `rrl up` starts these for you."""
+    page and /metrics. `rrl up` starts these for you.
+
+    etcd TLS/auth: the flags, else RRL_ETCD_CA/CERT/KEY/USER/PASSWORD. Ray workers read the
+    RRL_ETCD_* variables of their own environment (set them where Ray runs, too)."""
     from controller.http.api import create_app
     from controller.http.server import HttpServer
     from controller.service import Controller
@@ -275,7 +300,23 @@ def controller(
     from .runner import runner_factory  # light: Ray is imported when the first job runs
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    store = _store(etcd)
+    password = None
+    if etcd_password_file is not None:
+        try:
+            password = etcd_password_file.read_text().strip()
+        except OSError as e:
+            fail(f"--etcd-password-file {etcd_password_file}: {e.strerror or e}", 2)
+    creds = {
+        "ca_cert": etcd_ca and str(etcd_ca),
+        "cert": etcd_cert and str(etcd_cert),
+        "key": etcd_key and str(etcd_key),
+        "user": etcd_user,
+        "password": password,
+    }
+    store = _store(etcd, **creds)
+    # what this process starts (a local Ray, job runners' workers on it) builds its Store from RRL_ETCD_*
+    env_names = {"ca_cert": "RRL_ETCD_CA", "cert": "RRL_ETCD_CERT", "key": "RRL_ETCD_KEY", "user": "RRL_ETCD_USER"}
+    os.environ.update({env_names.get(k, "RRL_ETCD_PASSWORD"): v for k, v in creds.items() if v is not None})
     token = ensure_token(token_file or token_path())
     cid = id or f"{os.uname().nodename}-{os.getpid()}"
     app_ = create_app(store, token=token, served_by=cid, validate_spec=_validate_spec, metrics_path=_metrics_path)
