@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -174,7 +176,24 @@ class CheckpointSpec(_Section):
         "written when a fault hits, so the one before must still be there.",
     )
     backend: Literal["dcp", "torchsnapshot"] = Field("dcp", description="torch DCP async_save or torchsnapshot.")
-    dir: str | None = Field(None, description="Folder for snapshots and the journal (default $RRL_HOME/jobs/<id>).")
+    dir: str | None = Field(
+        None,
+        description="Folder for snapshots and the journal (default $RRL_HOME/jobs/<id>): an absolute path "
+        "(`~` expanded; `rrl submit` makes a relative one absolute against the current folder), normalised.",
+    )
+
+    @field_validator("dir")
+    @classmethod
+    def _dir(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if not v.strip() or "\0" in v:
+            raise ValueError("must be a folder path (not empty, no NUL character)")
+        p = os.path.expanduser(v)
+        if not os.path.isabs(p):
+            # workers on other nodes (and the controller) have other working folders
+            raise ValueError(f"must be an absolute path, got {v!r}: the controller and workers run elsewhere")
+        return os.path.normpath(p)
 
 
 class FaultSpec(_Section):
@@ -237,8 +256,14 @@ class SpecError(ValueError):
     """A job file that cannot be used; ``str()`` names the file and each bad field."""
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def _loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc if not str(p).startswith("function-")) or "(top level)"
+    """``rollout.sampling.n``; a key that is not a plain word is quoted (``'a: b'``), so a
+    stray key with a newline or ``: `` in it cannot garble the error layout."""
+    parts = [str(p) if _PLAIN.fullmatch(str(p)) else repr(p) for p in loc if not str(p).startswith("function-")]
+    return ".".join(parts) or "(top level)"
 
 
 def parse_spec(data: Any, source: str = "<spec>", overrides: dict[str, Any] | None = None) -> JobSpec:
@@ -269,4 +294,16 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> JobS
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         raise SpecError(f"{p}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    except (ValueError, RecursionError) as e:  # e.g. a date that does not exist, absurd nesting
+        raise SpecError(f"{p}: not valid YAML: {e}") from None
+    data = _absolute_dir(data)
     return parse_spec(data, str(p), overrides)
+
+
+def _absolute_dir(data: Any) -> Any:
+    """A relative ``checkpoint.dir`` in a job file means "under the folder I run rrl from"."""
+    if isinstance(data, dict) and isinstance(data.get("checkpoint"), dict):
+        d = data["checkpoint"].get("dir")
+        if isinstance(d, str) and d.strip() and "\0" not in d and not os.path.isabs(os.path.expanduser(d)):
+            data = {**data, "checkpoint": {**data["checkpoint"], "dir": os.path.abspath(os.path.expanduser(d))}}
+    return data

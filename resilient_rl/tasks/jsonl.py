@@ -33,6 +33,11 @@ def _check_row(obj: object, *, compile_regex: bool) -> tuple[str, str, re.Patter
     prompt, answer = obj["prompt"], obj["answer"]
     if not prompt:
         return "empty prompt"
+    for key, text in (("prompt", prompt), ("answer", answer)):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate from a "\ud800" escape: no tokenizer can take it
+            return f"field {key!r} is not valid Unicode (lone surrogate escape)"
     pattern = None
     if compile_regex:
         # Compile once at load time: a bad pattern is a bad row, found before training rather than mid-step.
@@ -77,6 +82,8 @@ class JsonlTask(Task):
             if not raw.strip():
                 continue  # blank lines (incl. a trailing newline) are formatting, not data
             total += 1
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte order mark, as some editors write
             try:
                 obj = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
@@ -84,6 +91,9 @@ class JsonlTask(Task):
                 continue
             except json.JSONDecodeError as e:
                 self.quarantined.append(QuarantinedRow(file, lineno, f"invalid JSON: {e.msg}"))
+                continue
+            except (ValueError, RecursionError) as e:  # a number over int's digit limit, absurd nesting
+                self.quarantined.append(QuarantinedRow(file, lineno, f"invalid JSON: {str(e)[:200]}"))
                 continue
             checked = _check_row(obj, compile_regex=self.reward_kind == "regex")
             if isinstance(checked, str):
