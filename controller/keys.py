@@ -12,8 +12,9 @@ import re
 
 PREFIX = "/rrl/v1"
 
-_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# used with fullmatch: ``$`` alone would also accept a trailing newline ("job\n")
+_ID_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class InvalidId(ValueError):
@@ -27,7 +28,7 @@ def check_job_id(job: str) -> str:
     ending with a letter or digit (a DNS label, so it is also a safe folder name
     and Kubernetes object name).
     """
-    if not isinstance(job, str) or not _ID_RE.match(job):
+    if not isinstance(job, str) or not _ID_RE.fullmatch(job):
         raise InvalidId(
             f"invalid job id {job!r}: use 1-63 lower-case letters, digits and '-', "
             "starting and ending with a letter or digit"
@@ -37,7 +38,7 @@ def check_job_id(job: str) -> str:
 
 def check_name(name: str, what: str = "name") -> str:
     """Return ``name`` if it is a valid group / worker / controller name."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in (".", ".."):
         raise InvalidId(f"invalid {what} {name!r}: use 1-64 letters, digits, '_', '.', '-'")
     return name
 
