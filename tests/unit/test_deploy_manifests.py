@@ -83,9 +83,11 @@ def _code_env_vars() -> set[str]:
             ev = getattr(p, "envvar", None)
             names.update([ev] if isinstance(ev, str) else (ev or []))
     pattern = re.compile(r"""(?:environ(?:\.get|\.setdefault)?\s*[\[(]|getenv\s*\()\s*["']([A-Z][A-Z0-9_]*)["']""")
+    constant = re.compile(r"""^\w*ENV\w* = ["']([A-Z][A-Z0-9_]*)["']""", re.M)  # ENV_CA = "RRL_ETCD_CA"
     for d in CODE_DIRS:
         for f in (ROOT / d).rglob("*.py"):
-            names.update(pattern.findall(f.read_text()))
+            text = f.read_text()
+            names.update(pattern.findall(text), constant.findall(text))
     return names
 
 
