@@ -372,3 +372,41 @@ def test_cli_uses_tls_and_auth(tls_etcd: TlsEtcd, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     r = run_rrl("list", env={**env, "RRL_ETCD_PASSWORD": "wrong"})
     assert r.returncode == 1 and "password" in r.stderr and PASSWORD not in r.stderr + r.stdout, r.stderr
+
+
+def test_rrl_controller_takes_tls_and_auth_flags(tls_etcd: TlsEtcd, tmp_path: Path) -> None:
+    """`rrl controller --etcd-ca/--etcd-cert/--etcd-key/--etcd-user --etcd-password-file` leads and
+    registers against the secured etcd; its log never shows the password."""
+    import sys
+
+    from controller import service
+
+    enable_auth(tls_etcd)
+    p = tls_etcd.pki
+    pw = tmp_path / "etcd-password"
+    pw.write_text(PASSWORD + "\n")
+    pw.chmod(0o600)
+    rrl = Path(sys.executable).parent / "rrl"
+    argv = [
+        str(rrl), "controller", "--etcd", tls_etcd.endpoint, "--id", "sec-0",
+        "--token-file", str(tmp_path / "token"),
+        "--etcd-ca", str(p.ca), "--etcd-cert", str(p.client_cert), "--etcd-key", str(p.client_key),
+        "--etcd-user", "root", "--etcd-password-file", str(pw),
+    ]  # fmt: skip
+    env_keys = ("RRL_ETCD_CA", "RRL_ETCD_CERT", "RRL_ETCD_KEY", "RRL_ETCD_USER", "RRL_ETCD_PASSWORD")
+    saved = {k: os.environ.pop(k) for k in env_keys if k in os.environ}
+    log = tmp_path / "ctl.log"
+    proc = ManagedProcess.spawn("ctl", argv, log, env={"RRL_HOME": str(tmp_path / "home")})
+    os.environ.update(saved)
+    try:
+        store = tls_etcd.tls_store(user="root", password=PASSWORD)
+        deadline = time.monotonic() + 60
+        while not [c for c in service.controllers(store) if c.get("http")]:
+            assert proc.alive(), log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        leader = store.get("/rrl/v1/leader")
+        assert leader is not None and leader.value == b"sec-0"
+    finally:
+        proc.stop()
+    assert PASSWORD not in log.read_text()

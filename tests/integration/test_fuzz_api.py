@@ -137,3 +137,26 @@ def test_hostile_job_ids_are_422_naming_the_job(client: TestClient) -> None:
         r = _post(client, "/api/v1/jobs", {"spec": {"name": bad.replace("%2F", "/").replace("%00", "\x00"),
                                                     "model": {"init": {}}}})  # fmt: skip
         assert r.status_code == 422 and any(d.get("field") == "name" for d in r.json()["detail"]), r.text
+
+
+def test_every_mutation_needs_the_token(etcd: EtcdServer) -> None:
+    """Each route that is not a read refuses a request without (or with a wrong) token: 401."""
+    from fastapi.routing import APIRoute
+
+    app = create_app(etcd.store(), token="the-token", served_by="t", validate_spec=_validate_spec)
+    mutations = [
+        (m, r.path)
+        for r in app.routes
+        if isinstance(r, APIRoute)
+        for m in r.methods
+        if m not in ("GET", "HEAD", "OPTIONS")
+    ]
+    assert len(mutations) >= 4, mutations  # submit, cancel, scale, kill
+    with TestClient(app) as c:
+        for method, path in mutations:
+            url = path.replace("{job}", "j").replace("{group}", "rollout").replace("{worker}", "0")
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic dGhlLXRva2Vu"}):
+                r = c.request(method, url, json={"spec": {}, "rollout": 1}, headers=headers)
+                assert r.status_code == 401, (method, url, headers, r.status_code)
+        r = c.post("/api/v1/jobs/j/cancel", headers={"Authorization": "Bearer the-token"})
+        assert r.status_code == 404  # past the token check
