@@ -36,10 +36,11 @@ can be fed a broken artefact in a unit test (tests/unit/test_invariants.py).
      create_revision) is a non-leader write that was accepted;
    * the **state** key's history: every version's ``mod_revision`` is a write;
      the leader key must exist at that revision (a write with no leader at all
-     is an unfenced write). The state value does not name its writer, so for
-     state this check cannot tell two leaders apart; what a stale leader's
-     write would do to the state (take the step backwards or commit a step
-     twice) is caught by invariant 1 over the same history.
+     is an unfenced write), and the state names its writer and fencing token
+     (``writer``, ``token``: ``Controller.update_state`` adds them), which must
+     be the leader at that revision and its key's create_revision. What a stale
+     leader's write would do to the state (take the step backwards or commit a
+     step twice) is also caught by invariant 1 over the same history.
 
    We chose etcd's history over the controllers' logs because it is what etcd
    *accepted*, which is the claim; logs say what a controller believed.
@@ -256,6 +257,14 @@ def leader_only_writes(state_writes: list[Write], events: list[Write], history_e
     for w in state_writes:
         if not w.leader_token:
             problems.append(f"{w.key} rev {w.revision}: written while no controller held the leader key")
+            continue
+        writer, token = w.value.get("writer"), w.value.get("token")  # recorded by Controller.update_state
+        if writer is not None and writer != w.leader:
+            problems.append(f"{w.key} rev {w.revision}: written by {writer}, but {w.leader} led at that revision")
+        elif isinstance(token, int) and token != w.leader_token:
+            problems.append(
+                f"{w.key} rev {w.revision}: fencing token {token} != leader key create_revision {w.leader_token}"
+            )
     for e in events:
         writer = e.value.get("leader")
         if not e.leader_token:

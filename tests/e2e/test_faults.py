@@ -65,7 +65,9 @@ def _wait_workers(platform: LivePlatform, job: str, want: dict[str, int], timeou
         time.sleep(0.2)
 
 
-def _assert_exactly_once_and_replay(platform: LivePlatform, job: str, work: Path, steps: int) -> dict[str, Any]:
+def _assert_exactly_once_and_replay(
+    platform: LivePlatform, job: str, work: Path, steps: int, staleness: int = 0
+) -> dict[str, Any]:
     from resilient_rl.spec import JobSpec
     from resilient_rl.verify import replay_digest
 
@@ -73,6 +75,8 @@ def _assert_exactly_once_and_replay(platform: LivePlatform, job: str, work: Path
     assert rec.phase == "SUCCEEDED", rec.state.get("reason")
     assert rec.state["step"] == steps
     assert [m["step"] for m in metrics(work)] == list(range(steps))  # every step committed once, in order
+    for m in metrics(work):  # trained on trajectories at most `staleness` versions old
+        assert all(m["step"] - staleness <= v <= m["step"] for v in m["versions"]), m
     _check_journal(work, steps, 4, 4, 3)  # every prompt of every step exactly once
     digest = replay_digest(JobSpec.model_validate(rec.spec), steps, platform.data["ray"], platform.data["etcd"])
     assert digest == rec.state["weights_digest"]  # nothing applied twice, nothing skipped
@@ -112,7 +116,7 @@ def test_leader_killed_then_paused_job_keeps_its_workers(platform: LivePlatform,
         _wait_step(platform, job, at + 2)  # the newest leader is committing steps
     finally:
         os.kill(pid2, signal.SIGCONT)  # wakes up believing it leads
-    state = _assert_exactly_once_and_replay(platform, job, work, steps)
+    state = _assert_exactly_once_and_replay(platform, job, work, steps, staleness=1)
     assert state["step"] == steps
 
     evs = events.read(platform.store, job, limit=2000)

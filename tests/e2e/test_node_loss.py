@@ -38,9 +38,17 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     if ray.is_initialized():  # connected to the session platform's Ray: one cluster per process
         ray.shutdown()
     args = {"node_ip_address": "127.0.0.1", "object_store_memory": 100 << 20}
-    c = Cluster(initialize_head=True, head_node_args={**args, "num_cpus": 0})
-    nodes = [c.add_node(**args, num_cpus=3) for _ in range(3)]
-    c.wait_for_nodes()
+    for attempt in range(3):  # Ray gives a raylet a fixed 30 s to register: a loaded machine can miss it
+        c = Cluster(initialize_head=False)
+        try:
+            c.add_node(**args, num_cpus=0)  # the head: no job workers here
+            nodes = [c.add_node(**args, num_cpus=3) for _ in range(3)]
+            c.wait_for_nodes()
+            break
+        except Exception:
+            c.shutdown()
+            if attempt == 2:
+                raise
     try:
         yield c, nodes
     finally:

@@ -213,52 +213,20 @@ def _wait_event(platform: LivePlatform, job: str, kind: str, timeout: float = 30
         time.sleep(0.2)
 
 
-def test_worker_faults_recover_and_final_weights_equal_fault_free_replay(
-    platform: LivePlatform, tmp_path: Path
-) -> None:
-    from controller import events
-    from resilient_rl.spec import JobSpec
-    from resilient_rl.verify import replay_digest
-
-    work = tmp_path / "faults"
-    steps = 60  # long enough for the replacement worker to join before the end
-    spec = _spec("e2e-faults", work, rollout={"replicas": 2}, steps=steps, checkpoint={"dir": str(work), "every": 4})
-    job = platform.submit(spec)
-    ray = platform.ray()
-    _wait_step(platform, job, 3)
-    ray.kill(ray.get_actor(f"rrl:{job}:rollout:0", namespace="rrl"))  # a rollout worker dies
-    _wait_step(platform, job, 6)
-    ray.kill(ray.get_actor(f"rrl:{job}:trainer:1", namespace="rrl"))  # a trainer rank dies
-    rec = platform.wait(job)
-    assert rec.phase == "SUCCEEDED", rec.state.get("reason")
-    assert rec.state["step"] == steps
-    kinds = [e["kind"] for e in events.read(platform.store, job, limit=1000)]
-    for kind in ("rollout_fault", "rollout_joined", "trainer_restart", "trainer_recovered"):
-        assert kind in kinds, [
-            (e["kind"], e["message"])
-            for e in events.read(platform.store, job, limit=1000)
-            if e["kind"] not in ("snapshot",)
-        ]
-    _check_journal(work, steps, 4, 4, 3)  # no shard lost or counted twice
-    # the final weights equal a fault-free replay of the journal from the initial weights
-    digest = replay_digest(JobSpec.model_validate(rec.spec), steps, platform.data["ray"], platform.data["etcd"])
-    assert digest == rec.state["weights_digest"]
-
-
 def test_rescale_both_groups_mid_job(platform: LivePlatform, tmp_path: Path) -> None:
     from controller import events, jobs
 
     work = tmp_path / "scale"
-    steps = 60
+    steps = 120  # the job must still run once 3 workers have joined and the trainer shrank
     job = platform.submit(_spec("e2e-scale", work, steps=steps, checkpoint={"dir": str(work), "every": 3}))
     _wait_step(platform, job, 3)
-    jobs.scale(platform.store, job, rollout=2, trainer=1)
+    jobs.scale(platform.store, job, rollout=3, trainer=1)
     _wait_event(platform, job, "rollout_joined")
     _wait_event(platform, job, "trainer_recovered")
     deadline = time.monotonic() + 60  # a killed rank's membership key lives until its lease expires
     while True:
         members = jobs.get(platform.store, job).members
-        if len(members.get("rollout", {})) == 2 and len(members.get("trainer", {})) == 1:
+        if len(members.get("rollout", {})) == 3 and len(members.get("trainer", {})) == 1:
             break
         assert time.monotonic() < deadline, members
         time.sleep(0.2)
@@ -269,39 +237,10 @@ def test_rescale_both_groups_mid_job(platform: LivePlatform, tmp_path: Path) -> 
     msgs = [
         e["message"] for e in events.read(platform.store, job, limit=1000) if e["kind"] in ("scale", "trainer_restart")
     ]
-    assert any("adding worker 1" in m for m in msgs) and any("worker 1 drained" in m for m in msgs)
+    for w in (1, 2):  # 1 -> 3 -> 1: two workers joined live, then both drained
+        assert any(f"adding worker {w}" in m for m in msgs) and any(f"worker {w} drained" in m for m in msgs), msgs
     assert any("world size 2 -> 1" in m for m in msgs) and any("world size 1 -> 2" in m for m in msgs)
     _check_journal(work, steps, 4, 4, 3)
-
-
-def test_disk_full_during_snapshot_keeps_previous_and_job_goes_on(platform: LivePlatform, tmp_path: Path) -> None:
-    import subprocess
-
-    from checkpoints.snapshots import verify
-    from controller import events
-
-    work = tmp_path / "diskfull"
-    snaps = work / "snapshots"
-    snaps.mkdir(parents=True)
-    # one snapshot of the tiny model + AdamW is ~3.7 MB: the first fits, the second does not
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(snaps)], check=True)
-    try:
-        job = platform.submit(_spec("e2e-diskfull", work, trainer={"replicas": 1}, steps=8,
-                                    checkpoint={"dir": str(work), "every": 2, "keep": 2}))  # fmt: skip
-        rec = platform.wait(job)
-        assert rec.phase == "SUCCEEDED", rec.state.get("reason")
-        evs = events.read(platform.store, job, limit=1000)
-        failed = [e for e in evs if e["kind"] == "snapshot_failed"]
-        assert failed, [e["kind"] for e in evs]
-        assert any("disk full" in e["message"] or "space" in e["message"].lower() for e in failed), failed[0]["message"]
-        committed = [c["step"] for c in rec.checkpoints]
-        assert committed and min(committed) == 2  # the first snapshot stayed
-        for c in rec.checkpoints:
-            verify(c["uri"])  # every recorded snapshot is whole
-        # no partial snapshot is visible: every folder left is a committed one
-        assert sorted(p.name for p in snaps.iterdir()) == [f"step-{s:010d}" for s in sorted(committed)]
-    finally:
-        subprocess.run(["umount", str(snaps)], check=False)
 
 
 def test_trainer_killed_while_snapshot_is_written(platform: LivePlatform, tmp_path: Path) -> None:
@@ -392,30 +331,3 @@ def test_snapshot_restores_across_world_sizes(platform: LivePlatform, tmp_path: 
     assert abs(loss_two_next - loss_one_next) <= 1e-5 * max(abs(loss_one_next), 1e-3)
     close_enough(w_one_next, ray.get(ranks[0].state_dict.remote()))
     close(ranks)
-
-
-def test_hung_and_killed_rollout_workers_are_replaced(platform: LivePlatform, tmp_path: Path) -> None:
-    """SIGSTOP a rollout worker past the hang timeout and SIGKILL another mid-run: both are
-    detected (watchdog / actor error), replaced, and no shard is lost or counted twice."""
-    import os
-    import signal
-
-    from controller import events, jobs
-
-    work = tmp_path / "hang"
-    steps = 50
-    job = platform.submit(_spec("e2e-hang", work, rollout={"replicas": 2}, trainer={"replicas": 1}, steps=steps,
-                                fault={"hang_timeout": 3.0}))  # fmt: skip
-    _wait_step(platform, job, 3)
-    members = jobs.get(platform.store, job).members["rollout"]
-    os.kill(members["0"]["pid"], signal.SIGSTOP)  # hung: alive, but no progress
-    _wait_event(platform, job, "rollout_hang")
-    os.kill(members["1"]["pid"], signal.SIGKILL)  # crashed
-    rec = platform.wait(job)
-    assert rec.phase == "SUCCEEDED", rec.state.get("reason")
-    evs = events.read(platform.store, job, limit=1000)
-    hang = next(e for e in evs if e["kind"] == "rollout_hang")
-    assert hang["worker"] == 0 and hang["detection_s"] >= 3.0
-    assert any(e["kind"] == "rollout_fault" and e["worker"] == 1 for e in evs)
-    assert sum(e["kind"] == "rollout_joined" for e in evs) >= 2
-    _check_journal(work, steps, 4, 4, 3)

@@ -160,6 +160,21 @@ def test_state_write_with_no_leader_and_stale_token() -> None:
     assert not r.ok and "fencing token 9" in r.details[0]
 
 
+def test_state_write_by_a_deposed_leader_is_caught_by_its_writer_and_token() -> None:
+    a = good()
+    # c1's write landed while c0 held the leader key (fencing broken): named by the state itself
+    a.state_writes.append(Write("state", 200, {"step": 5, "writer": "c1", "token": 7}, "c0", 10))
+    bad = _failed(a)
+    assert 6 in bad and "written by c1, but c0 led" in " ".join(bad[6])
+    b = good()
+    b.state_writes.append(Write("state", 200, {"step": 5, "writer": "c0", "token": 7}, "c0", 10))
+    r = inv.leader_only_writes(b.state_writes, b.events)
+    assert not r.ok and "fencing token 7" in r.details[0]
+    c = good()
+    c.state_writes.append(Write("state", 200, {"step": 5, "writer": "c0", "token": 10}, "c0", 10))
+    assert inv.leader_only_writes(c.state_writes, c.events).ok
+
+
 def test_unavailable_history_is_no_evidence_not_a_pass() -> None:
     a = dataclasses.replace(good(), history_error="etcd history unreadable (compacted)")
     assert set(_failed(a)) == {1, 6}
