@@ -154,7 +154,12 @@ class AlgorithmSpec(_Section):
     name: Literal["grpo"] = Field("grpo", description="The algorithm.")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO-style ratio clip.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the initial policy (0 = off).")
-    normalize_std: bool = Field(True, description="Divide advantages by the group's std.")
+    normalize_std: bool = Field(
+        True,
+        description="Divide advantages by the group's std (DeepSeekMath GRPO). False: plain "
+        "r - group mean (Dr. GRPO), so a nearly uniform group's tiny reward gap is not blown up "
+        "to full-size advantages; steadier for small policies that tend to collapse.",
+    )
 
 
 class AsyncSpec(_Section):

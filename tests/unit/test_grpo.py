@@ -57,6 +57,22 @@ def test_advantages_without_std_normalisation() -> None:
     torch.testing.assert_close(normed, torch.tensor([[1.0, -1.0]]), atol=1e-5, rtol=0)
 
 
+def test_std_normalisation_blows_up_tiny_differences_and_plain_centring_does_not() -> None:
+    # A nearly collapsed group (7 equal answers, one a hair worse) next to a diverse one.
+    # With the std division the hair-thin gap gets advantages as large as the real one
+    # (this sharpened wrong modes of the demo's tiny policy); plain centring keeps the
+    # advantage proportional to the reward gap (Dr. GRPO), so diverse groups dominate.
+    near = [1 / 3] * 7 + [1 / 4]
+    diverse = [1.0] * 4 + [0.0] * 4
+    rewards = torch.tensor([near, diverse], dtype=torch.float64)
+    normed = group_advantages(rewards)
+    assert normed[0].abs().max() > normed[1].abs().max()  # the 1/12 gap outweighs the 0-vs-1 split
+    plain = group_advantages(rewards, normalize_std=False)
+    assert float(plain[0].abs().max()) < 0.1
+    assert float(plain[1].abs().max()) == pytest.approx(0.5)
+    torch.testing.assert_close(plain.sum(dim=1), torch.zeros(2, dtype=torch.float64))
+
+
 def test_advantages_keep_float_dtype() -> None:
     assert group_advantages(torch.tensor([[1.0, 0.0]], dtype=torch.float64)).dtype == torch.float64
     torch.testing.assert_close(group_advantages(torch.tensor([[1, 0]])), torch.tensor([[1.0, -1.0]]), atol=1e-5, rtol=0)
