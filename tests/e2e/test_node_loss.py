@@ -1,4 +1,4 @@
-"""Ray node loss: a job spread over three Ray nodes (``ray.cluster_utils.Cluster``, all on
+"""Ray node loss: a job spread over Ray nodes (``ray.cluster_utils.Cluster``, all on
 this machine) loses the node that hosts one of its rollout workers and one of its
 trainer ranks; both groups are rebuilt on the remaining nodes and the job finishes with
 every step committed once and weights equal to a fault-free replay.
@@ -42,7 +42,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         c = Cluster(initialize_head=False)
         try:
             c.add_node(**args, num_cpus=0)  # the head: no job workers here
-            nodes = [c.add_node(**args, num_cpus=3) for _ in range(3)]
+            nodes = [c.add_node(**args, num_cpus=3) for _ in range(2)]  # the job fills both
             c.wait_for_nodes()
             break
         except Exception:
@@ -50,7 +50,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             if attempt == 2:
                 raise
     try:
-        yield c, nodes
+        yield c, nodes, args
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -66,7 +66,7 @@ def _members(store: Any, job: str) -> dict[str, dict[str, Any]]:
 def test_ray_node_hosting_a_rollout_worker_and_a_trainer_rank_is_removed(
     cluster: Any, etcd: EtcdServer, tmp_path: Path
 ) -> None:
-    c, nodes = cluster
+    c, nodes, args = cluster
     store = etcd.store()
     home = tmp_path / "home"
     env = {**ray_env(), "RRL_HOME": str(home)}
@@ -75,7 +75,8 @@ def test_ray_node_hosting_a_rollout_worker_and_a_trainer_rank_is_removed(
     try:
         work = tmp_path / "job"
         steps = 40
-        # 3 CPUs per node: a rank takes 2 and a rollout worker 1, so Ray packs one of each per node
+        # 3 CPUs per node: a rank takes 2 and a rollout worker 1, so each of the two nodes gets one of
+        # each (Ray would spread onto an empty third node: it joins only before the loss, as a spare)
         spec = parse_spec(
             _spec("e2e-nodes", work, rollout={"replicas": 2, "num_cpus": 1}, trainer={"replicas": 2, "num_cpus": 2},
                   steps=steps, checkpoint={"dir": str(work), "every": 5})
@@ -95,6 +96,8 @@ def test_ray_node_hosting_a_rollout_worker_and_a_trainer_rank_is_removed(
         target = next((n for n, groups in by_node.items() if groups == {"rollout", "trainer"}), None)
         assert target is not None, f"no node hosts both a rollout worker and a trainer rank: {by_node}"
         victim = next(n for n in nodes if n.node_id == target)
+        c.add_node(**args, num_cpus=3)  # the third node: where the lost workers can go
+        c.wait_for_nodes()
         c.remove_node(victim, allow_graceful=False)
 
         deadline = time.monotonic() + 600
