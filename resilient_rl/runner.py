@@ -419,11 +419,18 @@ class JobRunner:
             if local and not (Path(path).expanduser() / "config.json").exists():
                 raise JobFailed(f"model.path: {path} is not a model folder (no config.json there)")
             return str(Path(path).expanduser()) if local else path
-        from .model_init import make_tiny_model
         from .tasks import VOCAB_CHARS
 
         out = str(self.workdir / "model")
-        mk = ray.remote(num_cpus=0.1)(make_tiny_model)
+        try:  # already made for this job (a new leader, a restart): no worker process needed to say so
+            marker = json.loads((Path(out) / "rrl_model_init.json").read_text())
+            if marker.get("init") == self.spec.model.init.model_dump(mode="json") and (
+                marker.get("vocab_chars") == VOCAB_CHARS
+            ):
+                return out
+        except (OSError, ValueError):
+            pass
+        mk = ray.remote(num_cpus=0.1)(_make_tiny_model)  # in a worker: torch stays out of the controller
         return str(ray.get(mk.remote(out, self.spec.model.init, VOCAB_CHARS)))
 
     def actor_name(self, group: str, index: int) -> str:
@@ -468,6 +475,12 @@ class JobRunner:
                 except Exception as e:  # the kill below is what matters
                     log.info("shutdown of %s/%d failed: %s", g, i, e)
                 ray.kill(actor)
+
+
+def _make_tiny_model(out: str, init: Any, vocab_chars: str) -> str:
+    from .model_init import make_tiny_model
+
+    return str(make_tiny_model(out, init, vocab_chars))
 
 
 def _actor_error(refs: list[Any]) -> BaseException | None:
@@ -515,7 +528,7 @@ def runner_factory(ray_address: str | None, etcd: str, *, preconnect: bool = Tru
     """The ``driver_factory`` the controller uses for RL jobs.
 
     With ``preconnect`` the controller connects to Ray in the background right away,
-    as a standby: importing and connecting Ray takes seconds of CPU, which a new
+    as a standby, and imports the worker modules: that takes seconds of CPU, which a new
     leader should not spend while its lease keep-alive competes for the same
     process (a starved keep-alive makes the leader step down).
     """
@@ -524,6 +537,8 @@ def runner_factory(ray_address: str | None, etcd: str, *, preconnect: bool = Tru
         def connect() -> None:
             try:
                 _connect_ray(ray_address)
+                # the actor classes' modules (torch, transformers): seconds of import, paid now
+                from . import rollout, trainer  # noqa: F401
             except Exception as e:  # the first job's runner retries and reports it
                 log.warning("could not connect to Ray at %s yet: %s", ray_address, e)
 

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
@@ -173,6 +175,17 @@ class History:
         return points
 
 
+def _json_safe(x: Any) -> Any:
+    """``x`` with non-finite floats as strings (strict JSON has no Infinity or NaN)."""
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return repr(x)
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_safe(v) for v in x]
+    return x
+
+
 def create_app(
     store: Store,
     *,
@@ -211,6 +224,12 @@ def create_app(
             )
 
     Auth = Depends(authorize)
+
+    @app.exception_handler(RequestValidationError)
+    async def _unprocessable(_: Request, e: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes the input, and JSON has no Infinity/NaN (Python's parser
+        # accepts them): render what the client sent as text so a bad payload stays a 422
+        return JSONResponse({"detail": _json_safe(jsonable_encoder(e.errors()))}, 422)
 
     @app.exception_handler(jobs.JobNotFound)
     async def _not_found(_: Request, e: jobs.JobNotFound) -> JSONResponse:

@@ -44,3 +44,21 @@ def test_chaos_smoke_scenario_passes_with_every_fault_injected(tmp_path: Path) -
     # `rrl chaos report` re-renders the same run
     again = run_rrl("chaos", "report", str(runs[-1]))
     assert again.returncode == 0 and "PASS" in again.stdout, again.stdout + again.stderr
+
+
+@pytest.mark.timeout(900)
+def test_three_member_etcd_loses_its_leader_member_twice_and_the_job_is_exact(tmp_path: Path) -> None:
+    """Issue 9: stop the etcd leader member mid-job (twice); the job SUCCEEDED with no step
+    lost or repeated (invariants 1-7 of the harness, including the replay)."""
+    scenario = REPO / "scenarios" / "etcd-cluster.yaml"
+    r = run_rrl("chaos", "run", str(scenario), "--out", str(tmp_path), timeout=870)
+    runs = sorted(tmp_path.glob("etcd-cluster-*"))
+    assert runs, r.stdout + r.stderr
+    rep = json.loads((runs[-1] / "report.json").read_text())
+    failed = [i for i in rep["invariants"] if not i["ok"]]
+    assert not failed, json.dumps(failed, indent=1)
+    kills = [f for f in rep["faults"] if f["kind"] == "etcd_member_kill"]
+    assert [f["status"] for f in kills] == ["injected", "injected"], kills
+    assert all(f["target"]["was_leader"] for f in kills), kills  # it was the etcd leader each time
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert rep["job"]["phase"] == "SUCCEEDED" and rep["job"]["step"] == rep["job"]["steps"]

@@ -74,7 +74,7 @@ def test_ray_node_hosting_a_rollout_worker_and_a_trainer_rank_is_removed(
     ctl = ManagedProcess.spawn("controller", argv, tmp_path / "controller.log", env=env)
     try:
         work = tmp_path / "job"
-        steps = 40
+        steps = 80  # long enough after the loss for every lost worker to be asked for work
         # 3 CPUs per node: a rank takes 2 and a rollout worker 1, so each of the two nodes gets one of
         # each (Ray would spread onto an empty third node: it joins only before the loss, as a spare)
         spec = parse_spec(

@@ -160,3 +160,15 @@ def test_every_mutation_needs_the_token(etcd: EtcdServer) -> None:
                 assert r.status_code == 401, (method, url, headers, r.status_code)
         r = c.post("/api/v1/jobs/j/cancel", headers={"Authorization": "Bearer the-token"})
         assert r.status_code == 404  # past the token check
+
+
+def test_non_finite_numbers_are_422_not_500(client: TestClient) -> None:
+    # Python's JSON parser takes Infinity/NaN; the 422 that names the field must still render
+    for path, body in [
+        ("/api/v1/jobs", '{"spec": Infinity}'),
+        ("/api/v1/jobs", '{"spec": {"name": "fz", "steps": NaN}}'),
+        ("/api/v1/jobs/fz/scale", '{"rollout": -Infinity}'),
+    ]:
+        r = client.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, (path, body, r.status_code, r.text)
+        _ok(r)
