@@ -135,7 +135,7 @@ class RolloutGroup:
                     raise self.r.not_leader(e) from None
                 log.warning("rollout worker %d could not join (%s): replacing it", i, type(e).__name__)
                 del self.joining[ref]
-                self.fault(i, e, version, weights, delay=False)
+                self.fault(i, e, delay=False)
                 continue
             del self.joining[ref]
             self.idle.add(i)
@@ -161,7 +161,7 @@ class RolloutGroup:
         except Exception as e:  # the new worker died while starting: try again (budgeted, backed off)
             if _is_stale(e):
                 raise self.r.not_leader(e) from None
-            self.fault(i, e, None, None)
+            self.fault(i, e)
             return True
         self.idle.add(i)
         data: dict[str, Any] = {"worker": i, "version": version}
@@ -183,9 +183,10 @@ class RolloutGroup:
         now, limit = time.monotonic(), self.join_limit()
         return [i for i, t in self.joining.values() if now - t > limit]
 
-    def fault(self, i: int, err: BaseException, version: int | None, weights: Any, *, delay: bool = True) -> None:
-        """Worker ``i`` died or hangs: kill it, replace it after a backoff (budgeted).
-        Its shard is re-queued by the caller."""
+    def fault(self, i: int, err: BaseException, *, delay: bool = True) -> None:
+        """Worker ``i`` died or hangs: kill it, replace it after a backoff (budgeted; the
+        replacement joins at the version current then, see :meth:`tick`). Its shard is
+        re-queued by the caller."""
         import ray
 
         self.r.check_leader()  # a deposed leader must not touch the new leader's workers

@@ -284,7 +284,7 @@ class JobRunner:
                 except RayActorError as e:  # the worker died: its shard goes back to the queue
                     queue.appendleft((step, shard, idx))
                     self.faults.append(("rollout_fault", time.monotonic()))
-                    rollouts.fault(w, e, self.version, self.weights)
+                    rollouts.fault(w, e)
                     continue
                 except Exception as e:
                     if _stale(e):
@@ -314,12 +314,12 @@ class JobRunner:
                          f"for {now - sent:.1f}s (hang_timeout {limit:g}s)", worker=w,
                          detection_s=round(now - sent, 2))  # fmt: skip
             self.faults.append(("rollout_hang", now))
-            self.rollouts.fault(w, TimeoutError(f"hung for {now - sent:.0f}s"), self.version, self.weights)
+            self.rollouts.fault(w, TimeoutError(f"hung for {now - sent:.0f}s"))
         for w in self.rollouts.overdue_joins():
             self.c.event(self.job, "rollout_hang", f"rollout worker {w} did not join within "
                          f"{self.rollouts.join_limit():g}s", worker=w)  # fmt: skip
             self.faults.append(("rollout_hang", now))
-            self.rollouts.fault(w, TimeoutError("join timed out"), self.version, self.weights)
+            self.rollouts.fault(w, TimeoutError("join timed out"))
 
     def _note_recoveries(self, step: int) -> None:
         """Faults since the last commit are recovered from as far as the job goes: record
