@@ -616,7 +616,9 @@ def verify(
     raise typer.Exit(1)
 
 
-app.add_typer(__import__("resilient_rl.chaos.cli", fromlist=["app"]).app, name="chaos")  # rrl chaos ...
+from .chaos.cli import app as chaos_app  # noqa: E402  (light: its commands import the rest lazily)
+
+app.add_typer(chaos_app, name="chaos")  # rrl chaos run | soak | report
 
 
 def main() -> None:
