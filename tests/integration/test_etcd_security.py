@@ -401,12 +401,16 @@ def test_rrl_controller_takes_tls_and_auth_flags(tls_etcd: TlsEtcd, tmp_path: Pa
     try:
         store = tls_etcd.tls_store(user="root", password=PASSWORD)
         deadline = time.monotonic() + 60
-        while not [c for c in service.controllers(store) if c.get("http")]:
+        # it registers as a standby first, then campaigns: wait for both its page and its leadership
+        def leading() -> bool:
+            leader = store.get("/rrl/v1/leader")
+            served = [c for c in service.controllers(store) if c.get("http")]
+            return bool(served) and leader is not None and leader.value == b"sec-0"
+
+        while not leading():
             assert proc.alive(), log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-        leader = store.get("/rrl/v1/leader")
-        assert leader is not None and leader.value == b"sec-0"
     finally:
         proc.stop()
     assert PASSWORD not in log.read_text()
