@@ -9,7 +9,7 @@ RRL := $(VENV)/bin/rrl
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup etcd chromium lint test demo down clean
+.PHONY: setup etcd chromium lint test demo bench down clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed")'
@@ -41,6 +41,11 @@ test: lint
 demo: setup
 	$(RRL) run examples/copy-tiny.yaml --name demo-$$(date +%Y%m%d-%H%M%S)
 	@echo "the local platform is still up: \`$(RRL) status\` to look around, \`make down\` to stop it"
+
+bench: setup
+	$(PY) -m pip install -q -e '.[cpu,dev,bench]'
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(PY) -m bench all $(BENCH_ARGS)
 
 down:
 	-$(RRL) down

@@ -1,0 +1,59 @@
+"""`python -m bench SECTION [options]`: run one benchmark section, or `all` of them.
+
+Sections (each is ``bench/<module>.py`` with ``main(argv) -> int``; ``--help`` on any shows its
+options). Every section prints its tables and writes ``bench/results/<section>.json``:
+
+  overhead      bare GRPO loop vs rrl (max_staleness 0 and 1), tiny and ~1 s/step sizes
+  peer          TRL GRPOTrainer vs rrl (vLLM and HF engines) on the copy task (needs `.[bench]`)
+  checkpoint    snapshot blocking time vs the memcpy floor and torch.save (DCP, torchsnapshot)
+  weight-sync   seconds to bring 1/2/4 rollout workers to a new version, 0.3M and >= 100M params
+  recovery      MTTR per fault kind and ETTR from chaos soaks at one fault per 30 s and per 60 s
+  scale         controller + etcd with 1,000 / 5,000 simulated workers: detection p50/p99, CPU, req/s
+  cli           `rrl --help` start-up time
+
+`make bench` runs `all` (about two hours on 2 cores); figures go into BENCHMARKS.md by hand.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+
+SECTIONS = {
+    "overhead": "bench.overhead",
+    "peer": "bench.peer_trl",
+    "checkpoint": "bench.checkpoint_stall",
+    "weight-sync": "bench.weight_sync",
+    "recovery": "bench.recovery",
+    "scale": "bench.controller_scale",
+    "cli": "bench.cli_startup",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name == "all":
+        failed = []
+        for section in SECTIONS:
+            print(f"\n=== {section} ===", flush=True)
+            t0 = time.monotonic()
+            rc = importlib.import_module(SECTIONS[section]).main(rest)
+            print(f"=== {section}: exit {rc} after {time.monotonic() - t0:.0f} s ===", flush=True)
+            if rc:
+                failed.append(section)
+        if failed:
+            print(f"failed sections: {', '.join(failed)}", file=sys.stderr)
+        return 1 if failed else 0
+    if name not in SECTIONS:
+        print(f"unknown section {name!r}; one of: {', '.join(SECTIONS)}, all", file=sys.stderr)
+        return 2
+    return int(importlib.import_module(SECTIONS[name]).main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
