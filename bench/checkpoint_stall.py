@@ -2,22 +2,23 @@
 parameter model + AdamW, against the memcpy floor, and the step-time overhead of async
 snapshots every step vs every 10 steps.
 
-.venv/bin/python bench/checkpoint_stall.py [--params-m 100] [--snapshots 3] [--steps 20] [--dir TMP]
+.venv/bin/python -m bench checkpoint [--params-m 100] [--snapshots 5] [--steps 20] [--repeats 2] [--dir TMP]
 
 Single process, CPU. Per snapshot it prints the blocking seconds of DCP ``async_save``,
 torchsnapshot ``async_take``, a synchronous ``torch.save`` (no fsync: page cache), and the
 floor ``state bytes / bandwidth of a large tensor clone`` (a staging copy cannot beat it);
 also the background write time (async_save to wait() returning) and the rank-0 manifest
 time (fsync + sha256 of every file, :func:`checkpoints.snapshots.write_manifest`).
-Everything is written under a temporary folder that is removed at the end.
+Everything is written under a temporary folder that is removed at the end. Figures are
+medians (min-max) over the snapshots, and over ``--repeats`` step-time runs (each run
+measures none / every 10 / every 1 back to back, so load drift hits them alike); results
+go to ``bench/results/checkpoint.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
-import shlex
 import shutil
 import statistics
 import sys
@@ -28,6 +29,7 @@ from typing import Any
 
 import torch
 
+from bench.common import fmt, machine_line, save, table
 from checkpoints.backends import make_backend, training_state
 from checkpoints.snapshots import collect_garbage, snapshot_dir, write_manifest
 
@@ -75,13 +77,17 @@ def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 3) -> tuple[float, float]:
     return nbytes / clone, nbytes / warm
 
 
-def blocking_table(model: torch.nn.Module, opt: torch.optim.Optimizer, root: Path, n: int, floor_s: float) -> None:
+def blocking_table(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, root: Path, n: int, floor_s: float
+) -> dict[str, list[float]]:
+    """Per snapshot: blocking, write and manifest seconds of each method; returns the columns."""
     backends = {name: make_backend(name) for name in ("dcp", "torchsnapshot")}
     print(
         f"{'snap':>4} {'dcp block':>10} {'ts block':>9} {'torch.save':>10} {'memcpy':>7}   "
         f"{'dcp write':>9} {'ts write':>8} {'manifest':>8}  (seconds)"
     )
     step = 0
+    cols: dict[str, list[float]] = {}
     for i in range(n):
         row: dict[str, float] = {}
         for name, b in backends.items():
@@ -107,7 +113,10 @@ def blocking_table(model: torch.nn.Module, opt: torch.optim.Optimizer, root: Pat
             f"{row['dcp manifest']:>8.3f}",
             flush=True,
         )
+        for k, v in row.items():
+            cols.setdefault(k, []).append(v)
         train_step(model, opt)  # the next snapshot sees new values
+    return cols
 
 
 def step_times(
@@ -137,18 +146,16 @@ def step_times(
     return statistics.mean(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench checkpoint", description=__doc__.splitlines()[0])
     ap.add_argument("--params-m", type=float, default=100.0, help="model size in millions of parameters")
-    ap.add_argument("--snapshots", type=int, default=3, help="snapshots per method in the blocking table")
+    ap.add_argument("--snapshots", type=int, default=5, help="snapshots per method in the blocking table")
     ap.add_argument("--steps", type=int, default=20, help="training steps per step-time measurement")
+    ap.add_argument("--repeats", type=int, default=2, help="step-time runs per backend")
     ap.add_argument("--dir", default=None, help="parent of the temporary folder (default: system temp)")
-    args = ap.parse_args()
-    print("$", shlex.join([Path(sys.executable).name, *sys.argv]))
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.1f}"
-    )
+    args = ap.parse_args(argv)
+    print(machine_line(), f"; {torch.get_num_threads()} torch threads")
+    torch.manual_seed(0)
     model, opt = build(args.params_m)
     nparams = sum(p.numel() for p in model.parameters())
     nbytes = state_bytes(training_state(model, opt))
@@ -160,23 +167,50 @@ def main() -> None:
         f"(into a touched buffer: {warm_bw / 2**30:.1f} GiB/s, {nbytes / warm_bw:.3f} s)"
     )
     root = Path(tempfile.mkdtemp(prefix="ckpt-stall-", dir=args.dir))
+    steps: dict[str, dict[str, list[float]]] = {}
     try:
         print("\nblocking time per snapshot (write = async_save until wait() returns; manifest = dcp's)")
-        blocking_table(model, opt, root, args.snapshots, floor_s)
-        print(f"\nmean step time over {args.steps} steps (async snapshot, one in flight)")
-        print(f"{'backend':>13} {'none':>7} {'every 10':>9} {'every 1':>8} {'+% /10':>7} {'+% /1':>7}")
-        for backend in ("dcp", "torchsnapshot"):
-            base = step_times(model, opt, root, backend, 0, args.steps)
-            ten = step_times(model, opt, root, backend, 10, args.steps)
-            one = step_times(model, opt, root, backend, 1, max(5, args.steps // 2))
-            print(
-                f"{backend:>13} {base:>7.3f} {ten:>9.3f} {one:>8.3f} "
-                f"{100 * (ten / base - 1):>6.0f}% {100 * (one / base - 1):>6.0f}%",
-                flush=True,
-            )
+        cols = blocking_table(model, opt, root, args.snapshots, floor_s)
+        print(f"\nmean step time over {args.steps} steps (async snapshot, one in flight), {args.repeats} runs")
+        for r in range(args.repeats):
+            for backend in ("dcp", "torchsnapshot"):
+                d = steps.setdefault(backend, {"none": [], "every 10": [], "every 1": []})
+                d["none"].append(step_times(model, opt, root, backend, 0, args.steps))
+                d["every 10"].append(step_times(model, opt, root, backend, 10, args.steps))
+                d["every 1"].append(step_times(model, opt, root, backend, 1, max(5, args.steps // 2)))
+                print(
+                    f"  run {r}: {backend:>13} none {d['none'][-1]:.3f} s, every 10 {d['every 10'][-1]:.3f} s, "
+                    f"every 1 {d['every 1'][-1]:.3f} s",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
+    print(f"\nBlocking seconds per snapshot, median (min-max) over {args.snapshots} snapshots\n")
+    rows = [
+        [name, fmt(cols[key], 3), f"{statistics.median(cols[key]) / floor_s:.2f}x"]
+        for name, key in (("DCP async_save", "dcp block"), ("torchsnapshot async_take", "torchsnapshot block"),
+                          ("torch.save (sync, page cache)", "save"))
+    ]  # fmt: skip
+    rows.append(["memcpy floor (state bytes / clone bandwidth)", f"{floor_s:.3f}", "1.00x"])
+    print(table(["method", "blocking s", "vs floor"], rows))
+    print("\nbackground write s: DCP " + fmt(cols["dcp write"]) + ", torchsnapshot " + fmt(cols["torchsnapshot write"]))
+    print("DCP manifest s (fsync + sha256, off the training thread): " + fmt(cols["dcp manifest"]))
+    print("\nStep-time overhead of async snapshots, median (min-max) over runs\n")
+    srows = []
+    for backend, d in steps.items():
+        ten = [100 * (t / b - 1) for t, b in zip(d["every 10"], d["none"], strict=True)]
+        one = [100 * (t / b - 1) for t, b in zip(d["every 1"], d["none"], strict=True)]
+        srows.append([backend, fmt(d["none"], 3), fmt(d["every 10"], 3), fmt(ten, 0) + " %", fmt(one, 0) + " %"])
+    print(table(["backend", "step s, no snapshot", "step s, every 10", "overhead every 10", "overhead every 1"], srows))
+    path = save(
+        "checkpoint",
+        {"params": nparams, "state_bytes": nbytes, "clone_bw": bw, "floor_s": floor_s, "blocking": cols,
+         "step_times": steps},
+    )  # fmt: skip
+    print(f"\nresults: {path}")
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -59,7 +59,8 @@ def _summary(rep: dict[str, Any]) -> int:
         mark = "[green]ok[/]  " if inv["ok"] else "[red]FAIL[/]"
         out.print(f"{mark} {inv['number']}. {inv['name']}: {'; '.join(inv['details'])[:300]}", highlight=False)
     g = rep.get("goodput", {})
-    out.print(f"ETTR {g.get('ettr')} (with start-up {g.get('ettr_total')}); lost work {rep.get('lost_work')}")
+    window = f"; {g['ettr_window']} between the first and last fault" if g.get("ettr_window") is not None else ""
+    out.print(f"ETTR {g.get('ettr')} (with start-up {g.get('ettr_total')}{window}); lost work {rep.get('lost_work')}")
     job = rep.get("job", {})
     out.print(f"job {job.get('id')} {job.get('phase')} at step {job.get('step')}/{job.get('steps')}")
     out.print(f"report: {rep.get('run_dir')}/report.md")

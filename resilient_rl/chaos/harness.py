@@ -221,7 +221,7 @@ def _finish(
         },  # fmt: skip
         "faults": records,
         "mttr": measure.summarize([r for r in records if r.get("injected_at")]),
-        "goodput": measure.goodput(rec.state, metrics),
+        "goodput": measure.goodput(rec.state, metrics, injections=starts),
         "lost_work": measure.lost_work(evs, per_shard, rewritten),
         "invariants": [r.to_dict() for r in results],
         "events": evs,

@@ -16,7 +16,10 @@ ETTR = committed steps x fault-free mean step time / wall time. The fault-free
 mean step time is the run's median ``step_seconds`` (robust to the slow steps
 around faults) unless a baseline is given. Two walls: ``ettr`` over the training
 phase (first step's start to last commit) and ``ettr_total`` from the job's
-``started_at`` (includes worker start-up).
+``started_at`` (includes worker start-up). With fault injection times given,
+``ettr_window`` counts only the complete intervals between the first and the
+last injection (each interval holds one fault and its recovery), so a soak whose
+job runs on fault-free after the fault window is not flattered by that tail.
 
 Event timestamps are read robustly (``time``, ``ts``, ``at``, ``timestamp``;
 epoch seconds or ISO strings), since the runner's events are still growing.
@@ -158,9 +161,12 @@ def fault_figures(
 
 
 def goodput(
-    final_state: dict[str, Any], metrics: list[dict[str, Any]], baseline_step_s: float | None = None
+    final_state: dict[str, Any],
+    metrics: list[dict[str, Any]],
+    baseline_step_s: float | None = None,
+    injections: list[float] | None = None,
 ) -> dict[str, Any]:
-    """ETTR figures (see module doc)."""
+    """ETTR figures (see module doc). ``injections``: the faults' injection times."""
     steps = len(metrics)
     secs = [float(m["step_seconds"]) for m in metrics if isinstance(m.get("step_seconds"), int | float)]
     base = baseline_step_s if baseline_step_s else (statistics.median(secs) if secs else None)
@@ -175,6 +181,13 @@ def goodput(
         if isinstance(started, int | float) and isinstance(finished, int | float) and finished > started:
             out["wall_total_s"] = round(finished - started, 2)
             out["ettr_total"] = round(min(1.0, steps * base / (finished - started)), 4)
+        inj = sorted(injections or [])
+        if len(inj) >= 2 and inj[-1] > inj[0]:
+            lo, hi = inj[0], inj[-1]
+            inside = sum(1 for m in metrics if "time" in m and lo <= float(m["time"]) < hi)  # commits in [lo, hi)
+            out["window_s"] = round(hi - lo, 2)
+            out["window_faults"] = len(inj) - 1
+            out["ettr_window"] = round(min(1.0, inside * base / (hi - lo)), 4)
     return out
 
 

@@ -73,6 +73,8 @@ def markdown(rep: dict[str, Any]) -> str:
         f"- ETTR (training phase): **{_fmt(g.get('ettr'), '')}** = {g.get('committed_steps')} steps x "
         f"{_fmt(g.get('fault_free_step_s'))} fault-free step / {_fmt(g.get('wall_s'))} wall",
         f"- ETTR including start-up: {_fmt(g.get('ettr_total'), '')} (wall {_fmt(g.get('wall_total_s'))})",
+        f"- ETTR between the first and the last fault: {_fmt(g.get('ettr_window'), '')} "
+        f"({g.get('window_faults', 0)} fault intervals, {_fmt(g.get('window_s'))})",
     ]
     for k, v in rep.get("lost_work", {}).items():
         lines.append(f"- {k.replace('_', ' ')}: {v}")

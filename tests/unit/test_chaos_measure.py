@@ -61,6 +61,10 @@ def test_goodput_and_lost_work() -> None:
     g = measure.goodput({"started_at": T0 - 10, "finished_at": T0 + 21}, metrics)
     assert g["fault_free_step_s"] == 1.0 and g["wall_s"] == 20.0 and g["ettr"] == 0.5
     assert g["ettr_total"] == round(10 / 31, 4)
+    # faults injected at T0+2 and T0+17: steps 1..5 commit at T0+2..T0+16 inside that window
+    g = measure.goodput({}, metrics, injections=[T0 + 17, T0 + 2])
+    assert g["window_s"] == 15.0 and g["window_faults"] == 1 and g["ettr_window"] == round(5 * 1.0 / 15, 4)
+    assert "ettr_window" not in measure.goodput({}, metrics, injections=[T0 + 2])  # one fault: no interval
     lw = measure.lost_work(
         [{"kind": "replay", "first": 4, "last": 6}, {"kind": "rollout_hang"}, {"kind": "rollout_fault"},
          {"kind": "trainer_restart"}, {"kind": "leader"}], 8, rewritten_shards=1,

@@ -1,0 +1,151 @@
+"""Recovery under random faults: MTTR per fault kind and ETTR at one fault per 30 s and per 60 s.
+
+.venv/bin/python -m bench recovery [--mtbf 30,60] [--duration 10m] [--seed 1] [--repeats 1]
+
+Each run is the chaos harness's soak (``rrl chaos soak``, scenarios/soak.yaml: the tiny
+HF-engine copy job, 2 rollout workers, 1 trainer rank, 2 controllers, snapshot every 10
+steps) with random faults of six kinds (rollout kill / hang / slow, trainer kill, snapshot
+corruption + trainer kill, leader kill) at exponential gaps of mean ``--mtbf``, for
+``--duration``. The harness checks all seven invariants afterwards (including a replay of
+every step); a run whose invariants fail is reported as such, never dropped.
+
+Figures per MTBF:
+
+* ETTR between the first and the last fault (``goodput.ettr_window``: committed steps in
+  that window x the fault-free median step time / the window's length; the run's own
+  fault-free steps give the baseline, so the ratio is immune to how loaded the machine is);
+  also ETTR over the whole training phase (which includes any fault-free tail);
+* MTTR per kind: detection, next committed step, group back at its desired size (seconds
+  after the injection), median (min-max) over the faults of that kind across repeats.
+
+The job's step count is sized so that it outlasts the fault window (``--steps``, default
+``duration x 5`` steps); a fault scheduled after the job has finished is reported as not
+fired (the harness then exits 1; this benchmark counts it and goes on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, fmt, machine_line, save, summary, table
+
+FIGS = ("detection_s", "next_commit_s", "group_restored_s")
+
+
+def parse_seconds(text: str) -> float:
+    from resilient_rl.chaos.cli import parse_duration
+
+    return float(parse_duration(text))
+
+
+def soak(mtbf_s: float, duration_s: float, seed: int, steps: int, out: Path) -> dict[str, Any]:
+    """One ``rrl chaos soak`` in a child process; returns its report.json (plus the exit code)."""
+    out.mkdir(parents=True, exist_ok=True)
+    before = set(out.iterdir())
+    argv = [
+        str(Path(sys.executable).parent / "rrl"), "chaos", "soak",
+        "--duration", f"{duration_s:g}s", "--mtbf", f"{mtbf_s:g}s", "--seed", str(seed),
+        "--steps", str(steps), "--out-dir", str(out),
+    ]  # fmt: skip
+    print(f"$ {' '.join(argv)}", flush=True)
+    t0 = time.monotonic()
+    rc = subprocess.run(argv, cwd=ROOT).returncode
+    new = sorted(set(out.iterdir()) - before)
+    reports = [d / "report.json" for d in new if (d / "report.json").exists()]
+    if not reports:
+        raise RuntimeError(f"the soak (exit {rc}) wrote no report.json under {out}")
+    rep = dict(json.loads(reports[-1].read_text()))
+    rep["exit_code"], rep["bench_wall_s"] = rc, round(time.monotonic() - t0, 1)
+    return rep
+
+
+def condense(rep: dict[str, Any]) -> dict[str, Any]:
+    """What the tables need from one report (the full report stays in its run folder)."""
+    faults = rep.get("faults", [])
+    return {
+        "run_dir": rep.get("run_dir"),
+        "exit_code": rep.get("exit_code"),
+        "job": rep.get("job"),
+        "goodput": rep.get("goodput"),
+        "lost_work": rep.get("lost_work"),
+        "invariants": [{"number": i["number"], "ok": i["ok"]} for i in rep.get("invariants", [])],
+        "injected": sum(f.get("status") == "injected" for f in faults),
+        "scheduled": len(faults),
+        "faults": [
+            {"kind": f["kind"], "status": f.get("status"), **{k: (f.get("figures") or {}).get(k) for k in FIGS}}
+            for f in faults
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench recovery", description=__doc__.splitlines()[0])
+    ap.add_argument("--mtbf", default="30,60", help="Mean seconds between faults, comma-separated.")
+    ap.add_argument("--duration", default="10m", help="Fault window per soak (e.g. 10m, 30m).")
+    ap.add_argument("--seed", type=int, default=1, help="Seed of the first repeat's schedule (+1 per repeat).")
+    ap.add_argument("--repeats", type=int, default=1, help="Soaks per MTBF.")
+    ap.add_argument("--steps", type=int, default=None, help="Job steps (default: duration in s x 5).")
+    ap.add_argument("--out-dir", type=Path, default=Path("/tmp/rrl-bench-recovery"), help="Chaos run folders.")
+    args = ap.parse_args(argv)
+    duration = parse_seconds(args.duration)
+    steps = args.steps or int(duration * 5)
+    mtbfs = [float(x) for x in args.mtbf.split(",") if x.strip()]
+    print(machine_line(), flush=True)
+
+    runs: dict[str, list[dict[str, Any]]] = {f"{m:g}": [] for m in mtbfs}
+    for r in range(args.repeats):
+        for m in mtbfs:
+            print(f"\nsoak: mtbf {m:g} s, {duration:g} s of faults, seed {args.seed + r}, {steps} steps", flush=True)
+            rep = condense(soak(m, duration, args.seed + r, steps, args.out_dir))
+            runs[f"{m:g}"].append(rep)
+            g = rep["goodput"] or {}
+            print(
+                f"  -> {rep['job']['phase']}, {rep['injected']}/{rep['scheduled']} faults injected, "
+                f"invariants {'green' if all(i['ok'] for i in rep['invariants']) else 'VIOLATED'}, "
+                f"ETTR window {g.get('ettr_window')}, training phase {g.get('ettr')}",
+                flush=True,
+            )
+
+    goodput_rows, mttr_rows = [], []
+    for m, reps in runs.items():
+        g = [r["goodput"] or {} for r in reps]
+        goodput_rows.append([
+            f"1 per {m} s", len(reps),
+            sum(r["injected"] for r in reps),
+            "green" if all(i["ok"] for r in reps for i in r["invariants"]) else "**VIOLATED**",
+            fmt([x["ettr_window"] for x in g if x.get("ettr_window") is not None]),
+            fmt([x["ettr"] for x in g if x.get("ettr") is not None]),
+            fmt([x["fault_free_step_s"] for x in g if x.get("fault_free_step_s")], 3),
+            sum((r["lost_work"] or {}).get("steps_replayed", 0) for r in reps),
+        ])  # fmt: skip
+        kinds = sorted({f["kind"] for r in reps for f in r["faults"] if f["status"] == "injected"})
+        for k in kinds:
+            fs = [f for r in reps for f in r["faults"] if f["kind"] == k and f["status"] == "injected"]
+            cells = [fmt([f[c] for f in fs if f[c] is not None]) for c in FIGS]
+            mttr_rows.append([f"1 per {m} s", k, len(fs), *cells])
+
+    print("\nGoodput (ETTR = committed steps x fault-free step / wall; median (min-max) over soaks)\n")
+    print(table(["faults", "soaks", "faults injected", "invariants", "ETTR in fault window", "ETTR training phase",
+                 "fault-free step s", "steps replayed"], goodput_rows))  # fmt: skip
+    print("\nMTTR per fault kind, seconds after injection, median (min-max) over faults\n")
+    print(table(["faults", "kind", "n", "detection", "next commit", "group size restored"], mttr_rows))
+    path = save(
+        "recovery",
+        {"duration_s": duration, "steps": steps, "mtbf_s": mtbfs, "runs": runs,
+         "summary": {m: {"ettr_window": summary([r["goodput"]["ettr_window"] for r in reps
+                                                  if (r["goodput"] or {}).get("ettr_window") is not None])}
+                     for m, reps in runs.items()}},
+    )  # fmt: skip
+    print(f"\nresults: {path}")
+    ok = all(i["ok"] for reps in runs.values() for r in reps for i in r["invariants"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
