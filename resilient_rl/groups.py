@@ -170,14 +170,11 @@ class RolloutGroup:
             data["recovery_s"] = round(time.monotonic() - t, 2)
         self.r.c.event(self.r.job, "rollout_joined", f"rollout worker {i} joined at policy v{version}"
                        + (f", {data['recovery_s']}s after its fault" if t is not None else ""), **data)  # fmt: skip
-        if t is not None and len(self.idle) + len(self.busy()) >= self.r.want("rollout"):
+        joining = {j for j, _ in self.joining.values()}
+        if t is not None and len(set(self.workers) - joining) >= self.r.want("rollout"):
             self.r.c.event(self.r.job, "group_restored", f"rollout group back at {self.r.want('rollout')} workers "
                            f"{data['recovery_s']}s after the fault", group="rollout", seconds=data["recovery_s"])  # fmt: skip
         return True
-
-    def busy(self) -> set[int]:
-        joining = {i for i, _ in self.joining.values()}
-        return set(self.workers) - self.idle - joining
 
     def overdue_joins(self) -> list[int]:
         now, limit = time.monotonic(), self.join_limit()
@@ -200,7 +197,7 @@ class RolloutGroup:
         self.fault_at.setdefault(i, time.monotonic())
         self.budget.spend()
         backoff = min(10.0, 0.5 * 2 ** max(0, len(self.budget.times) - 1)) if delay else 0.0
-        self.r.c.event(self.r.job, "rollout_fault", f"rollout worker {i} lost: {_describe(err)}; "
+        self.r.c.event(self.r.job, "rollout_fault", f"rollout worker {i} lost: {describe_error(err)}; "
                        f"replacing it in {backoff:.1f}s", worker=i, backoff_s=backoff)  # fmt: skip
         self.waiting[i] = time.monotonic() + backoff
 
@@ -235,7 +232,9 @@ class RolloutGroup:
                                worker=i)  # fmt: skip
 
 
-def _describe(err: BaseException) -> str:
+def describe_error(err: BaseException) -> str:
+    """One line for events and failure reasons: the worker's own exception rather than Ray's
+    wrapper (``RayTaskError.cause``) and traceback; Ray's long "The actor ..." text is dropped."""
     cause = getattr(err, "cause", None)
     e = cause if isinstance(cause, BaseException) else err
     text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
@@ -350,7 +349,7 @@ class TrainerGroup:
         except Exception as e:
             if _is_stale(e):
                 raise self.r.not_leader(e) from None
-            log.warning("job %s: trainer ranks not adoptable (%s): restarting them", self.r.job, _describe(e))
+            log.warning("job %s: trainer ranks not adoptable (%s): restarting them", self.r.job, describe_error(e))
             return None
         steps = {x["step"] for x in status}
         if len(steps) != 1 or {x["world"] for x in status} != {world} or not steps <= {k, k + 1}:
@@ -377,7 +376,7 @@ class TrainerGroup:
                 return self.start(k, world)
             except RayActorError as e:
                 self.r.c.event(self.r.job, "trainer_restart", f"a trainer rank died while starting "
-                               f"({_describe(e)}): starting the group again", world=world)  # fmt: skip
+                               f"({describe_error(e)}): starting the group again", world=world)  # fmt: skip
                 self.budget.spend()
 
     def restart(self, k: int, world: int, why: str) -> Any:

@@ -37,7 +37,7 @@ from controller.store import EtcdError
 
 from .autoscale import Autoscaler
 from .checkpointing import SnapshotFlow
-from .groups import RolloutGroup, TrainerGroup
+from .groups import RolloutGroup, TrainerGroup, describe_error
 from .sampler import prompt_indices
 from .spec import JobSpec
 
@@ -122,7 +122,7 @@ class JobRunner:
             self._finish("FAILED", str(e))
         except Exception as e:  # the job fails with the reason; the controller keeps running
             log.exception("job %s failed", self.job)
-            self._finish("FAILED", _reason(e))
+            self._finish("FAILED", describe_error(e))
 
     def _run(self) -> None:
         import ray
@@ -502,14 +502,6 @@ def _stale(e: BaseException) -> bool:
     from .fencing import StaleLeader
 
     return isinstance(e, StaleLeader) or isinstance(getattr(e, "cause", None), StaleLeader)
-
-
-def _reason(e: BaseException) -> str:
-    """A one-line failure reason: the worker's own exception, not Ray's wrapper and traceback."""
-    cause = getattr(e, "cause", None)  # ray.exceptions.RayTaskError carries the original exception
-    if isinstance(cause, BaseException):
-        e = cause
-    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
 _ray_lock = threading.Lock()

@@ -8,7 +8,9 @@ invariant violation or any fault that could not be injected.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,16 +20,22 @@ from tests.conftest import REPO, run_rrl
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 
-@pytest.mark.timeout(900)
-def test_chaos_smoke_scenario_passes_with_every_fault_injected(tmp_path: Path) -> None:
-    scenario = REPO / "scenarios" / "smoke.yaml"
-    r = run_rrl("chaos", "run", str(scenario), "--out", str(tmp_path), timeout=870)
-    runs = sorted(tmp_path.glob("smoke-*"))
+def _run_scenario(name: str, out: Path) -> tuple[subprocess.CompletedProcess[str], Path, dict[str, Any]]:
+    """`rrl chaos run scenarios/{name}.yaml`; returns the process, its run folder and report,
+    after checking that every invariant held."""
+    r = run_rrl("chaos", "run", str(REPO / "scenarios" / f"{name}.yaml"), "--out", str(out), timeout=870)
+    runs = sorted(out.glob(f"{name}-*"))
     assert runs, r.stdout + r.stderr
     rep = json.loads((runs[-1] / "report.json").read_text())
     failed = [i for i in rep["invariants"] if not i["ok"]]
     assert not failed, json.dumps(failed, indent=1)
-    kinds = {f.kind for f in load_scenario(scenario).schedule()}
+    return r, runs[-1], rep
+
+
+@pytest.mark.timeout(900)
+def test_chaos_smoke_scenario_passes_with_every_fault_injected(tmp_path: Path) -> None:
+    r, run, rep = _run_scenario("smoke", tmp_path)
+    kinds = {f.kind for f in load_scenario(REPO / "scenarios" / "smoke.yaml").schedule()}
     injected = {f["kind"] for f in rep["faults"] if f["status"] == "injected"}
     assert injected == kinds, [(f["kind"], f["status"], f.get("note")) for f in rep["faults"]]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -38,11 +46,11 @@ def test_chaos_smoke_scenario_passes_with_every_fault_injected(tmp_path: Path) -
             assert f["figures"]["detection_s"] is not None, f
         assert f["figures"]["next_commit_s"] is not None, f
     assert rep["goodput"]["ettr"] is not None and 0 < rep["goodput"]["ettr"] <= 1
-    md = (runs[-1] / "report.md").read_text()
+    md = (run / "report.md").read_text()
     assert "## MTTR per fault kind" in md and "ETTR" in md
-    assert (runs[-1] / "progress.svg").read_text().startswith("<svg")
+    assert (run / "progress.svg").read_text().startswith("<svg")
     # `rrl chaos report` re-renders the same run
-    again = run_rrl("chaos", "report", str(runs[-1]))
+    again = run_rrl("chaos", "report", str(run))
     assert again.returncode == 0 and "PASS" in again.stdout, again.stdout + again.stderr
 
 
@@ -50,13 +58,7 @@ def test_chaos_smoke_scenario_passes_with_every_fault_injected(tmp_path: Path) -
 def test_three_member_etcd_loses_its_leader_member_twice_and_the_job_is_exact(tmp_path: Path) -> None:
     """Issue 9: stop the etcd leader member mid-job (twice); the job SUCCEEDED with no step
     lost or repeated (invariants 1-7 of the harness, including the replay)."""
-    scenario = REPO / "scenarios" / "etcd-cluster.yaml"
-    r = run_rrl("chaos", "run", str(scenario), "--out", str(tmp_path), timeout=870)
-    runs = sorted(tmp_path.glob("etcd-cluster-*"))
-    assert runs, r.stdout + r.stderr
-    rep = json.loads((runs[-1] / "report.json").read_text())
-    failed = [i for i in rep["invariants"] if not i["ok"]]
-    assert not failed, json.dumps(failed, indent=1)
+    r, _, rep = _run_scenario("etcd-cluster", tmp_path)
     kills = [f for f in rep["faults"] if f["kind"] == "etcd_member_kill"]
     assert [f["status"] for f in kills] == ["injected", "injected"], kills
     assert all(f["target"]["was_leader"] for f in kills), kills  # it was the etcd leader each time

@@ -401,6 +401,7 @@ def test_rrl_controller_takes_tls_and_auth_flags(tls_etcd: TlsEtcd, tmp_path: Pa
     try:
         store = tls_etcd.tls_store(user="root", password=PASSWORD)
         deadline = time.monotonic() + 60
+
         # it registers as a standby first, then campaigns: wait for both its page and its leadership
         def leading() -> bool:
             leader = store.get("/rrl/v1/leader")
