@@ -160,6 +160,13 @@ class AlgorithmSpec(_Section):
         "r - group mean (Dr. GRPO), so a nearly uniform group's tiny reward gap is not blown up "
         "to full-size advantages; steadier for small policies that tend to collapse.",
     )
+    off_policy_correction: bool = Field(
+        True,
+        description="With async.max_staleness > 0: a trajectory made by an older policy version "
+        "gets the importance ratio against the engine's logprobs of its tokens (clipped at "
+        "clip_eps), so stale samples cannot move the policy past the trust region. On-policy "
+        "samples always have ratio 1. False: treat every sample as on-policy.",
+    )
 
 
 class AsyncSpec(_Section):

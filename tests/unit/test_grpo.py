@@ -287,3 +287,25 @@ def test_sequence_logprobs_refuses_a_completion_at_position_zero() -> None:
     ids = torch.tensor([[5, 6]])
     with pytest.raises(ValueError, match="no prefix"):
         sequence_logprobs(_tiny_lm(), ids, torch.ones_like(ids), torch.ones_like(ids))
+
+
+def test_stale_samples_take_the_engines_logprobs_as_the_behaviour_policy() -> None:
+    """async.max_staleness > 0: a trajectory from an older version gets the ratio against the
+    engine's logprobs (so the clip can bind); an on-policy one keeps ratio exactly 1."""
+    from resilient_rl.trainer import batch_tensors, behaviour_logprobs
+
+    samples = [
+        {"prompt_ids": [1, 2], "token_ids": [3, 4], "logprobs": [-9.0, -9.0], "version": 5},  # current
+        {"prompt_ids": [1], "token_ids": [5, 6, 7], "logprobs": [-0.5, None, -3.0], "version": 4},  # stale
+    ]
+    bt = batch_tensors(samples, pad=0)
+    new = torch.full((2, 4), -1.0, requires_grad=True)
+    old = behaviour_logprobs(samples, new, bt["completion_mask"], version=5)
+    assert not old.requires_grad
+    assert torch.equal(old[0], new.detach()[0])  # on-policy: the trainer's own values
+    assert old[1].tolist() == [-1.0, -0.5, -1.0, -3.0]  # prompt and the missing logprob: trainer's
+    _, stats = grpo_loss(new, old, torch.tensor([1.0, 1.0]), bt["completion_mask"], clip_eps=0.2)
+    # stale tokens: ratios e^-0.5 (inside the clip for A > 0: no clip) and e^2 (clipped); 1 of 5 tokens
+    assert stats["clip_frac"] == pytest.approx(1 / 5)
+    # no staleness anywhere: the same tensor values as the plain on-policy path
+    assert torch.equal(behaviour_logprobs(samples, new, bt["completion_mask"], version=4), new.detach())
