@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import keys
-from .store import Compare, Put, Store
+from .store import Compare, Get, Put, Store, _prefix_end
+
+
+def prefix_end(prefix: str) -> str:
+    """The range end that selects every key starting with ``prefix``."""
+    return _prefix_end(prefix.encode()).decode()
+
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
@@ -73,16 +79,6 @@ def submit(store: Store, job_id: str, spec_json: str, desired: dict[str, Any]) -
     return res.revision
 
 
-def list_ids(store: Store) -> list[str]:
-    kvs, _ = store.range(keys.jobs())
-    ids = []
-    for kv in kvs:
-        parts = keys.split_job_key(kv.key)
-        if parts and parts[1] == "spec":
-            ids.append(parts[0])
-    return ids
-
-
 def get(store: Store, job_id: str) -> JobRecord:
     """Read one job's record (one range read: consistent at one revision)."""
     kvs, _ = store.range(keys.job(job_id))
@@ -92,9 +88,39 @@ def get(store: Store, job_id: str) -> JobRecord:
     return rec
 
 
-def list_all(store: Store) -> list[JobRecord]:
-    kvs, _ = store.range(keys.jobs())
-    return sorted(_records(kvs).values(), key=lambda r: r.desired.get("submitted_at", 0))
+def list_ids(store: Store) -> list[str]:
+    """Every job id, one key read per job: the scan jumps over each job's keys (events,
+    members, checkpoints), so its cost does not grow with a job's history or its workers."""
+    base = keys.jobs()
+    end = prefix_end(base)
+    out: list[str] = []
+    start = base
+    while (key := store.next_key(start, end)) is not None:
+        parts = keys.split_job_key(key)
+        if parts is None or not parts[0]:
+            break
+        try:
+            out.append(keys.check_job_id(parts[0]))
+        except keys.InvalidId:  # not a job of ours (written by hand?): skip it
+            pass
+        start = prefix_end(f"{base}{parts[0]}/")
+    return out
+
+
+def list_all(store: Store, *, detail: bool = True) -> list[JobRecord]:
+    """Every job's record, each read at one revision (a txn per job). ``detail=False`` leaves
+    out members and checkpoints (the controller's reconcile loop needs neither; reading every
+    member of every job twice a second would grow with the cluster). Events are never read."""
+    out = []
+    for job_id in list_ids(store):
+        ops: list[Get] = [Get(keys.spec(job_id)), Get(keys.desired(job_id)), Get(keys.state(job_id))]
+        if detail:
+            ops += [Get(keys.members(job_id), prefix=True), Get(keys.checkpoints(job_id), prefix=True)]
+        r = store.txn([], ops)
+        rec = _records([kv for got in r.results for kv in got]).get(job_id)
+        if rec is not None:
+            out.append(rec)
+    return sorted(out, key=lambda r: r.desired.get("submitted_at", 0))
 
 
 def _records(kvs: list[Any]) -> dict[str, JobRecord]:

@@ -114,7 +114,7 @@ class Controller:
         first = True
         try:
             while not self._stop.is_set() and self.election.is_leader:
-                for rec in jobs.list_all(self.store):
+                for rec in jobs.list_all(self.store, detail=False):
                     self.reconcile(rec, leader_changed=first)
                 first = False
                 self._stop.wait(self.interval)

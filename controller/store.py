@@ -468,6 +468,12 @@ class Store:
         resp = self._call(etcdrpc.KVStub, "Range", req)
         return [KV._from_pb(kv) for kv in resp.kvs], resp.header.revision
 
+    def next_key(self, start: str, end: str) -> str | None:
+        """The first key in ``[start, end)`` (keys only, one key read), or None."""
+        req = etcdrpc.RangeRequest(key=_b(start), range_end=_b(end), limit=1, keys_only=True)
+        resp = self._call(etcdrpc.KVStub, "Range", req)
+        return resp.kvs[0].key.decode() if resp.kvs else None
+
     def put(self, key: str, value: bytes | str, *, lease: int = 0) -> int:
         """Write ``key``; returns the revision of the write. Retried on transient errors
         (a put is idempotent in value)."""

@@ -159,3 +159,26 @@ def test_failover_to_second_endpoint(etcd: EtcdServer) -> None:
         assert store.get("/t/f") is not None
     finally:
         store.close()
+
+
+def test_job_listing_skips_each_jobs_history_and_reads_members_only_on_request(store: Store) -> None:
+    """The controller's reconcile loop lists jobs twice a second: the listing reads one key per
+    job plus one txn per job, never the events, and members/checkpoints only with detail."""
+    import json
+
+    from controller import jobs, keys
+
+    for job in ("b-job", "a", "a-2"):  # "a-2" sorts before "a/": the key skipping must not lose it
+        jobs.submit(store, job, json.dumps({"name": job}), {"rollout": 1})
+    store.put(keys.event("a", 0), json.dumps({"kind": "submitted"}))
+    store.put(keys.member("a", "rollout", "0"), json.dumps({"pid": 1}))
+    store.put(keys.checkpoint("a", 10), json.dumps({"step": 10}))
+    store.put(keys.jobs() + "Not_A_Job/spec", "{}")  # a stray key: skipped, not an error
+    assert jobs.list_ids(store) == ["a-2", "a", "b-job"]  # key order
+    full = {r.id: r for r in jobs.list_all(store)}
+    assert list(full) == ["b-job", "a", "a-2"]  # in submission order
+    assert full["a"].members == {"rollout": {"0": {"pid": 1}}} and full["a"].checkpoints == [{"step": 10}]
+    lean = {r.id: r for r in jobs.list_all(store, detail=False)}
+    assert lean["a"].members == {} and lean["a"].checkpoints == []
+    assert lean["a"].spec == {"name": "a"} and lean["a"].desired["rollout"] == 1
+    assert jobs.get(store, "a").members == full["a"].members  # one job's page still reads everything
