@@ -51,7 +51,7 @@ def soak(mtbf_s: float, duration_s: float, seed: int, steps: int, out: Path) -> 
     argv = [
         str(Path(sys.executable).parent / "rrl"), "chaos", "soak",
         "--duration", f"{duration_s:g}s", "--mtbf", f"{mtbf_s:g}s", "--seed", str(seed),
-        "--steps", str(steps), "--out-dir", str(out),
+        "--steps", str(steps), "--out", str(out),
     ]  # fmt: skip
     print(f"$ {' '.join(argv)}", flush=True)
     t0 = time.monotonic()
