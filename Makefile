@@ -45,7 +45,7 @@ demo: setup
 bench: setup
 	$(PY) -m pip install -q -e '.[cpu,dev,bench]'
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
-	$(PY) -m bench all $(BENCH_ARGS)
+	$(PY) -m bench all
 
 down:
 	-$(RRL) down
