@@ -2,7 +2,7 @@
 parameter model + AdamW, against the memcpy floor, and the step-time overhead of async
 snapshots every step vs every 10 steps.
 
-.venv/bin/python -m bench checkpoint [--params-m 100] [--snapshots 5] [--steps 20] [--repeats 2] [--dir TMP]
+.venv/bin/python -m bench checkpoint [--params-m 100] [--snapshots 3] [--steps 10] [--repeats 2] [--dir TMP]
 
 Single process, CPU. Per snapshot it prints the blocking seconds of DCP ``async_save``,
 torchsnapshot ``async_take``, a synchronous ``torch.save`` (no fsync: page cache), and the
@@ -149,8 +149,8 @@ def step_times(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench checkpoint", description=__doc__.splitlines()[0])
     ap.add_argument("--params-m", type=float, default=100.0, help="model size in millions of parameters")
-    ap.add_argument("--snapshots", type=int, default=5, help="snapshots per method in the blocking table")
-    ap.add_argument("--steps", type=int, default=20, help="training steps per step-time measurement")
+    ap.add_argument("--snapshots", type=int, default=3, help="snapshots per method in the blocking table")
+    ap.add_argument("--steps", type=int, default=10, help="training steps per step-time measurement")
     ap.add_argument("--repeats", type=int, default=2, help="step-time runs per backend")
     ap.add_argument("--dir", default=None, help="parent of the temporary folder (default: system temp)")
     args = ap.parse_args(argv)

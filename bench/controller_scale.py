@@ -1,6 +1,6 @@
 """Controller scale: N simulated workers against one local etcd and the real controller code.
 
-``python -m bench scale [--sizes 1000 5000] [--repeats 3] [--profile]``
+``python -m bench scale [--sizes 500 1000 2000 5000] [--repeats 3] [--profile]``
 
 What runs, per measured run (a fresh etcd, controller and simulators each time):
 
@@ -949,7 +949,13 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000], help="numbers of simulated workers")
+    ap.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[500, 1000, 2000, 5000],
+        help="numbers of simulated workers (5,000 needs more than 2 cores for the simulators)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ttl", type=int, default=5, help="lease TTL, s (Registration's default)")
     ap.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress puts per worker")

@@ -1,6 +1,6 @@
 """Recovery under random faults: MTTR per fault kind and ETTR at one fault per 30 s and per 60 s.
 
-.venv/bin/python -m bench recovery [--mtbf 30,60] [--duration 10m] [--seed 1] [--repeats 1]
+.venv/bin/python -m bench recovery [--mtbf 30,60] [--duration 6m] [--seed 1] [--repeats 1]
 
 Each run is the chaos harness's soak (``rrl chaos soak``, scenarios/soak.yaml: the tiny
 HF-engine copy job, 2 rollout workers, 1 trainer rank, 2 controllers, snapshot every 10
@@ -87,7 +87,7 @@ def condense(rep: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench recovery", description=__doc__.splitlines()[0])
     ap.add_argument("--mtbf", default="30,60", help="Mean seconds between faults, comma-separated.")
-    ap.add_argument("--duration", default="10m", help="Fault window per soak (e.g. 10m, 30m).")
+    ap.add_argument("--duration", default="6m", help="Fault window per soak (e.g. 6m, 30m).")
     ap.add_argument("--seed", type=int, default=1, help="Seed of the first repeat's schedule (+1 per repeat).")
     ap.add_argument("--repeats", type=int, default=1, help="Soaks per MTBF.")
     ap.add_argument("--steps", type=int, default=None, help="Job steps (default: duration in s x 5).")
