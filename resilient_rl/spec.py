@@ -17,24 +17,80 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from controller.keys import InvalidId, check_job_id
 
 
+# strict: a YAML ``true`` is not the integer 1, ``"5"`` is not 5 (lax pydantic accepts both)
+# and no inf/NaN: `.inf` would pass every `gt=0` check
+_CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _CONFIG
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _upper_bound(cls, v: Any, info: ValidationInfo) -> Any:
+        """A :func:`Size` field above its bound is refused with the bound's reason (pydantic's own
+        ``le`` message says only the number)."""
+        f = cls.model_fields[info.field_name or ""]
+        why = f.json_schema_extra.get("why") if isinstance(f.json_schema_extra, dict) else None
+        if why is None or isinstance(v, bool) or not isinstance(v, int | float):
+            return v
+        for m in f.metadata:
+            le, lt = getattr(m, "le", None), getattr(m, "lt", None)
+            if (le is not None and v > le) or (lt is not None and v >= lt):
+                op, bound = ("less than or equal to", le) if le is not None else ("less than", lt)
+                raise PydanticCustomError("size_bound", "Input should be {op} {bound}: {why}",
+                                          {"op": op, "bound": f"{bound:,}", "why": why})  # fmt: skip
+        return v
+
+
+def Size(default: Any = ..., *, why: str, **kw: Any) -> Any:  # noqa: N802 (reads as a Field kind)
+    """A bounded size field: ``le`` is required and ``why`` says what the bound protects; the
+    message of a value above it carries the reason (see :func:`parse_spec`)."""
+    assert "le" in kw or "lt" in kw, "a size field needs an upper bound"
+    return Field(default, json_schema_extra={"why": why}, **kw)
+
+
+_SEED_MAX = 2**31 - 1
+_STEPS_MAX = 10_000_000
+_BATCH_MAX = 1_048_576
+_SEED_WHY = "seeds must fit a signed 32-bit integer (torch, numpy and vLLM all take them)"
+_WORKERS_WHY = "one job's group beyond 1,024 workers is past what the controller is tested with"
+_CPUS_WHY = "more than any single machine has"
 
 
 class TinyModelInit(_Section):
     """A randomly initialised small Qwen2-architecture model made offline (``rrl init-model``)."""
 
-    hidden_size: int = Field(128, ge=64, le=4096, description="Model width.")
-    num_layers: int = Field(2, ge=1, le=48, description="Transformer blocks.")
-    num_heads: int = Field(2, ge=1, le=64, description="Attention heads; hidden_size/num_heads must be 64 or 128.")
-    num_kv_heads: int = Field(1, ge=1, le=64, description="Key/value heads (grouped-query attention).")
-    intermediate_size: int = Field(256, ge=16, description="MLP inner width.")
-    seed: int = Field(0, description="Seed of the random initialisation.")
+    hidden_size: int = Size(
+        128,
+        ge=64,
+        le=4096,
+        why="a model made offline is for tests and demos; bring a real one through model.path",
+        description="Model width.",
+    )
+    num_layers: int = Size(
+        2, ge=1, le=48, why="a model made offline is for tests and demos", description="Transformer blocks."
+    )
+    num_heads: int = Size(
+        2,
+        ge=1,
+        le=64,
+        why="at most hidden_size / 64 heads of dim 64",
+        description="Attention heads; hidden_size/num_heads must be 64 or 128.",
+    )
+    num_kv_heads: int = Size(
+        1, ge=1, le=64, why="at most num_heads", description="Key/value heads (grouped-query attention)."
+    )
+    intermediate_size: int = Size(
+        256, ge=16, le=65536, why="a model made offline is for tests and demos", description="MLP inner width."
+    )
+    seed: int = Size(0, ge=0, le=_SEED_MAX, why=_SEED_WHY, description="Seed of the random initialisation.")
 
     @model_validator(mode="after")
     def _head_dim(self) -> TinyModelInit:
@@ -78,9 +134,27 @@ class TaskSpec(_Section):
         description="copy / reverse: repeat a digit string (dense per-character reward); "
         "arith: a+b (exact match); jsonl: your own {prompt, answer} rows.",
     )
-    min_len: int = Field(3, ge=1, le=64, description="copy/reverse/arith: shortest digit string / operand.")
-    max_len: int = Field(5, ge=1, le=64, description="copy/reverse/arith: longest digit string / operand.")
-    num_prompts: int = Field(1024, ge=1, description="Size of the generated prompt set (built-in tasks).")
+    min_len: int = Size(
+        3,
+        ge=1,
+        le=64,
+        why="the built-in tasks are for a char-level model with short contexts",
+        description="copy/reverse/arith: shortest digit string / operand.",
+    )
+    max_len: int = Size(
+        5,
+        ge=1,
+        le=64,
+        why="the built-in tasks are for a char-level model with short contexts",
+        description="copy/reverse/arith: longest digit string / operand.",
+    )
+    num_prompts: int = Size(
+        1024,
+        ge=1,
+        le=10_000_000,
+        why="every worker builds the generated prompt set in memory",
+        description="Size of the generated prompt set (built-in tasks).",
+    )
     path: str | None = Field(None, description="jsonl: the dataset file.")
     reward: Literal["exact", "regex", "function", "partial"] = Field(
         "exact",
@@ -106,24 +180,46 @@ class SamplingSpec(_Section):
 
     temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    max_tokens: int = Field(16, ge=1, le=32768, description="Longest completion in tokens.")
-    n: int = Field(8, ge=2, le=1024, description="Samples per prompt (the GRPO group size; at least 2).")
+    max_tokens: int = Size(
+        16,
+        ge=1,
+        le=131072,
+        why="longer than the context of any model rrl is tested with",
+        description="Longest completion in tokens.",
+    )
+    n: int = Size(
+        8,
+        ge=2,
+        le=1024,
+        why="a GRPO group of more than 1,024 samples of one prompt adds nothing a larger prompts_per_step does not",
+        description="Samples per prompt (the GRPO group size; at least 2).",
+    )
 
 
 class RolloutSpec(_Section):
     """The rollout worker group (inference engines)."""
 
-    replicas: int = Field(1, ge=1, le=1024, description="Number of rollout workers.")
-    min_replicas: int | None = Field(None, ge=1, description="Autoscaler floor (defaults to replicas).")
-    max_replicas: int | None = Field(None, ge=1, description="Autoscaler ceiling (defaults to replicas).")
+    replicas: int = Size(1, ge=1, le=1024, why=_WORKERS_WHY, description="Number of rollout workers.")
+    min_replicas: int | None = Size(
+        None, ge=1, le=1024, why=_WORKERS_WHY, description="Autoscaler floor (defaults to replicas)."
+    )
+    max_replicas: int | None = Size(
+        None, ge=1, le=1024, why=_WORKERS_WHY, description="Autoscaler ceiling (defaults to replicas)."
+    )
     engine: Literal["vllm", "hf"] = Field("vllm", description="vLLM (CPU build or upstream on GPU) or HF generate.")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Sampling parameters.")
-    shards_per_step: int | None = Field(
-        None, ge=1, description="Shards a step's prompts are split into (default: one per replica)."
+    shards_per_step: int | None = Size(
+        None,
+        ge=1,
+        le=4096,
+        why="each shard is a journal file and a task in flight; 4,096 per step is far past what load balancing needs",
+        description="Shards a step's prompts are split into (default: one per replica).",
     )
-    num_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each rollout worker.")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves for each rollout worker.")
-    kv_cache_gib: float = Field(1.0, gt=0, description="vLLM CPU KV cache size (GiB); keeps Ray's OOM killer away.")
+    num_cpus: float = Size(1.0, gt=0, le=1024, why=_CPUS_WHY, description="CPUs Ray reserves for each rollout worker.")
+    num_gpus: float = Size(0.0, ge=0, le=64, why=_CPUS_WHY, description="GPUs Ray reserves for each rollout worker.")
+    kv_cache_gib: float = Size(
+        1.0, gt=0, le=4096, why=_CPUS_WHY, description="vLLM CPU KV cache size (GiB); keeps Ray's OOM killer away."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> RolloutSpec:
@@ -137,15 +233,21 @@ class RolloutSpec(_Section):
 class TrainerSpec(_Section):
     """The trainer group (torch.distributed, DDP)."""
 
-    replicas: int = Field(1, ge=1, le=1024, description="World size.")
+    replicas: int = Size(1, ge=1, le=1024, why=_WORKERS_WHY, description="World size.")
     lr: float = Field(1e-3, gt=0, le=1.0, description="Learning rate.")
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
-    weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
-    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (None: off).")
-    micro_batch: int = Field(32, ge=1, description="Sequences per forward/backward on one rank.")
+    weight_decay: float = Field(0.0, ge=0, le=10.0, description="Weight decay.")
+    max_grad_norm: float | None = Field(1.0, gt=0, le=1e6, description="Gradient clipping norm (None: off).")
+    micro_batch: int = Size(
+        32,
+        ge=1,
+        le=65536,
+        why="at most the global batch bound (prompts_per_step x n)",
+        description="Sequences per forward/backward on one rank.",
+    )
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="gloo on CPU, nccl on GPU.")
-    num_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each rank.")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves for each rank.")
+    num_cpus: float = Size(1.0, gt=0, le=1024, why=_CPUS_WHY, description="CPUs Ray reserves for each rank.")
+    num_gpus: float = Size(0.0, ge=0, le=64, why=_CPUS_WHY, description="GPUs Ray reserves for each rank.")
 
 
 class AlgorithmSpec(_Section):
@@ -153,7 +255,7 @@ class AlgorithmSpec(_Section):
 
     name: Literal["grpo"] = Field("grpo", description="The algorithm.")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO-style ratio clip.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the initial policy (0 = off).")
+    kl_coef: float = Field(0.0, ge=0, le=100.0, description="Weight of the KL penalty to the initial policy (0 = off).")
     normalize_std: bool = Field(
         True,
         description="Divide advantages by the group's std (DeepSeekMath GRPO). False: plain "
@@ -172,18 +274,24 @@ class AlgorithmSpec(_Section):
 class AsyncSpec(_Section):
     """Rollout/training overlap."""
 
-    max_staleness: int = Field(
-        0, ge=0, le=64, description="Steps a trajectory's policy may lag the trained step (0 = on-policy)."
+    max_staleness: int = Size(
+        0,
+        ge=0,
+        le=64,
+        why="each step of staleness keeps a step's rollouts in flight and in the journal",
+        description="Steps a trajectory's policy may lag the trained step (0 = on-policy).",
     )
 
 
 class CheckpointSpec(_Section):
     """Async snapshots of the trainer."""
 
-    every: int = Field(10, ge=1, description="Snapshot every N committed steps.")
-    keep: int = Field(
+    every: int = Size(10, ge=1, le=_STEPS_MAX, why="at most steps", description="Snapshot every N committed steps.")
+    keep: int = Size(
         2,
         ge=2,
+        le=1000,
+        why="each kept snapshot is a full copy of the trainer state on disk",
         description="Committed snapshots kept. At least 2: the newest may be the one being "
         "written when a fault hits, so the one before must still be there.",
     )
@@ -211,14 +319,34 @@ class CheckpointSpec(_Section):
 class FaultSpec(_Section):
     """Detection and restart policy."""
 
-    hang_timeout: float = Field(
+    hang_timeout: float = Size(
         60.0,
         gt=0,
+        le=86400.0,
+        why="a worker silent for a day is hung; a longer timeout only delays the fault",
         description="Seconds without progress, with work assigned, before a worker is declared hung.",
     )
-    lease_ttl: int = Field(5, ge=2, le=60, description="Membership lease TTL in seconds (etcd's minimum is ~2).")
-    max_restarts: int = Field(5, ge=0, description="Restarts allowed per group within restart_window.")
-    restart_window: float = Field(600.0, gt=0, description="Window (seconds) of the restart budget.")
+    lease_ttl: int = Size(
+        5,
+        ge=2,
+        le=60,
+        why="a longer TTL only delays the detection of a lost worker",
+        description="Membership lease TTL in seconds (etcd's minimum is ~2).",
+    )
+    max_restarts: int = Size(
+        5,
+        ge=0,
+        le=1000,
+        why="a group restarted more often is in a crash loop",
+        description="Restarts allowed per group within restart_window.",
+    )
+    restart_window: float = Size(
+        600.0,
+        gt=0,
+        le=7 * 86400.0,
+        why="a week; a longer window never forgets a fault",
+        description="Window (seconds) of the restart budget.",
+    )
 
 
 class JobSpec(_Section):
@@ -231,13 +359,28 @@ class JobSpec(_Section):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="Trainer group.")
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="RL algorithm.")
     async_: AsyncSpec = Field(default_factory=AsyncSpec, alias="async", description="Async pipelining.")
-    steps: int = Field(100, ge=1, description="Training steps to run.")
-    prompts_per_step: int = Field(16, ge=1, description="Prompts per step (global batch = prompts x samples).")
-    seed: int = Field(0, ge=0, description="Seed of the prompt sampler, sampling and initialisation.")
+    steps: int = Size(
+        100,
+        ge=1,
+        le=_STEPS_MAX,
+        why="10 million steps is years of training at one step a second; the record of every step is kept",
+        description="Training steps to run.",
+    )
+    prompts_per_step: int = Size(
+        16,
+        ge=1,
+        le=65536,
+        why="the controller plans each step's prompts and shards in memory; 65,536 prompts "
+        "a step is past any published RL batch",
+        description="Prompts per step (global batch = prompts x samples).",
+    )
+    seed: int = Size(
+        0, ge=0, le=_SEED_MAX, why=_SEED_WHY, description="Seed of the prompt sampler, sampling and initialisation."
+    )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Snapshots.")
     fault: FaultSpec = Field(default_factory=FaultSpec, description="Fault detection and restarts.")
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(**_CONFIG, populate_by_name=True)
 
     @field_validator("name")
     @classmethod
@@ -250,6 +393,11 @@ class JobSpec(_Section):
     @model_validator(mode="after")
     def _global(self) -> JobSpec:
         global_batch = self.prompts_per_step * self.rollout.sampling.n
+        if global_batch > _BATCH_MAX:
+            raise ValueError(
+                f"the global batch (prompts_per_step x rollout.sampling.n = {global_batch}) is over {_BATCH_MAX:,} "
+                "samples: every sample of a step is held by the trainer at once"
+            )
         if global_batch % self.trainer.replicas:
             raise ValueError(
                 f"the global batch (prompts_per_step x rollout.sampling.n = {global_batch}) must split "
@@ -289,19 +437,57 @@ def parse_spec(data: Any, source: str = "<spec>", overrides: dict[str, Any] | No
     except ValidationError as e:
         lines = [f"{source}: invalid job spec"]
         for err in e.errors():
-            lines.append(f"  {_loc(err['loc'])}: {err['msg']}")
+            msg = err["msg"]
+            if err["type"] == "int_type" and isinstance(err.get("input"), bool):
+                msg += ", not a boolean (true/false)"
+            lines.append(f"  {_loc(err['loc'])}: {msg}")
         raise SpecError("\n".join(lines)) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last
+    silently, so a second ``name:`` would win unseen). A ``<<`` merge may still override."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+                seen[key] = line
+            except TypeError:  # an unhashable key: the base loader reports it
+                continue
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, again: int) -> None:
+        super().__init__(f"duplicate key {key!r} at line {again} (first given at line {first})")
+        self.line = again
 
 
 def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
     """Read and validate a YAML (or JSON) job file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as e:
         raise SpecError(f"{p}: cannot read job file: {e.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            f"{p}: not a text job file: byte 0x{raw[e.start]:02x} at offset {e.start} is not UTF-8 "
+            "(a job file is YAML or JSON text)"
+        ) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except _DuplicateKey as e:
+        raise SpecError(f"{p}:{e.line}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""

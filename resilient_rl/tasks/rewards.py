@@ -69,9 +69,11 @@ def load_reward_fn(ref: str | None) -> RewardFn:
 def call_reward_fn(fn: RewardFn, prompt: str, completion: str, answer: str) -> RewardResult:
     """Call a user reward function defensively.
 
-    The raw completion is passed (the user decides how to normalise it). The result is clamped to ``[0, 1]``.
-    If the function raises, or returns a non-number or NaN, the reward is ``0.0`` with ``error`` set to
-    ``"<ExcType>: message"``; nothing propagates except ``BaseException``s such as ``KeyboardInterrupt``.
+    The raw completion is passed (the user decides how to normalise it). If the function raises, or
+    returns a non-number, NaN, an infinity or a number outside ``[0, 1]``, the reward is ``0.0`` with
+    ``error`` set to ``"<ExcType>: message"``: a reward of ``inf`` clamped to 1.0 would be a reward the
+    policy learns to exploit, so a value out of range is the function's bug, not a high score. Nothing
+    propagates except ``BaseException``s such as ``KeyboardInterrupt``.
     """
     try:
         raw = fn(prompt, completion, answer)
@@ -83,4 +85,6 @@ def call_reward_fn(fn: RewardFn, prompt: str, completion: str, answer: str) -> R
     value = float(raw)
     if math.isnan(value):
         return RewardResult(0.0, error="ValueError: reward function returned NaN")
-    return RewardResult(min(1.0, max(0.0, value)))
+    if not 0.0 <= value <= 1.0:
+        return RewardResult(0.0, error=f"ValueError: reward function returned {value!r}, outside [0, 1]")
+    return RewardResult(value)

@@ -29,6 +29,23 @@ def test_submit_malformed_spec_exits_2_naming_field(tmp_path: Path, etcd: EtcdSe
     assert r.returncode == 2 and f"{broken}:" in r.stderr and "YAML" in r.stderr
     r = run_rrl("submit", str(tmp_path / "missing.yaml"), "--etcd", etcd.endpoint)
     assert r.returncode == 2 and "missing.yaml" in r.stderr
+    binary = tmp_path / "model.safetensors"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\x00" * 10)
+    r = run_rrl("submit", str(binary), "--etcd", etcd.endpoint)
+    assert r.returncode == 2 and "not a text job file" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(GOOD + "\nname: other\n")
+    r = run_rrl("submit", str(dup), "--etcd", etcd.endpoint)
+    assert r.returncode == 2 and "duplicate key 'name'" in r.stderr and "first given at line" in r.stderr
+    huge = tmp_path / "huge.yaml"
+    huge.write_text(
+        GOOD.replace("steps: 600", "steps: true").replace(
+            "prompts_per_step: 16", "prompts_per_step: 99999999999999999999"
+        )
+    )
+    r = run_rrl("submit", str(huge), "--etcd", etcd.endpoint)
+    assert r.returncode == 2 and "steps: Input should be a valid integer, not a boolean" in r.stderr, r.stderr
+    assert "prompts_per_step: Input should be less than or equal to 65,536" in r.stderr
     # nothing was stored
     assert etcd.store().range("/rrl/v1/jobs/")[0] == []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def length_ratio(prompt: str, completion: str, answer: str) -> float:
-    """len(completion) / len(answer): exercises clamping (may exceed 1)."""
+    """len(completion) / len(answer): above 1 (an error) when the completion is longer."""
     return len(completion) / len(answer)
 
 
@@ -18,6 +18,14 @@ def returns_string(prompt: str, completion: str, answer: str) -> float:
 
 def returns_nan(prompt: str, completion: str, answer: str) -> float:
     return float("nan")
+
+
+def returns_inf(prompt: str, completion: str, answer: str) -> float:
+    return float("inf")
+
+
+def returns_minus_inf(prompt: str, completion: str, answer: str) -> float:
+    return float("-inf")
 
 
 def negative(prompt: str, completion: str, answer: str) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,3 +80,97 @@ def test_job_ids_refused(bad: str) -> None:
 def test_job_ids_accepted() -> None:
     for ok in ["a", "copy-tiny", "j1", "a" * 63]:
         assert check_job_id(ok) == ok
+
+
+def _numeric_fields(model: type = JobSpec, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for name, f in model.model_fields.items():
+        path = prefix + (f.alias or name)
+        for sub in getattr(f.annotation, "__args__", (f.annotation,)):
+            if isinstance(sub, type) and hasattr(sub, "model_fields"):
+                out.extend(_numeric_fields(sub, path + "."))
+            elif sub in (int, float):
+                out.append((path, f))
+    return out
+
+
+def test_every_numeric_field_has_an_upper_bound_and_every_size_a_reason() -> None:
+    fields = _numeric_fields()
+    assert len(fields) > 30
+    for path, f in fields:
+        assert any(getattr(m, "le", None) is not None or getattr(m, "lt", None) is not None for m in f.metadata), path
+        if int in getattr(f.annotation, "__args__", (f.annotation,)):
+            assert isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("why"), path
+
+
+@pytest.mark.parametrize(
+    ("patch", "field", "why"),
+    [
+        ({"prompts_per_step": 99999999999999999999}, "prompts_per_step", "plans each step's prompts"),
+        ({"steps": 99999999999999999999}, "steps", "years of training"),
+        ({"rollout": {"sampling": {"n": 5000}}}, "rollout.sampling.n", "GRPO group"),
+        ({"rollout": {"sampling": {"max_tokens": 10**9}}}, "rollout.sampling.max_tokens", "context"),
+        ({"rollout": {"max_replicas": 5000}}, "rollout.max_replicas", "1,024 workers"),
+        ({"trainer": {"replicas": 2048}}, "trainer.replicas", "1,024 workers"),
+        ({"task": {"num_prompts": 10**12}}, "task.num_prompts", "in memory"),
+        ({"seed": 2**40}, "seed", "32-bit"),
+        ({"fault": {"hang_timeout": 1e12}}, "fault.hang_timeout", "hung"),
+    ],
+)
+def test_sizes_above_their_bound_say_why(patch: dict, field: str, why: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_spec({**MINIMAL, **patch}, "job.yaml")
+    line = next(x for x in str(exc.value).splitlines() if x.startswith(f"  {field}:"))
+    assert "less than or equal to" in line and why in line, line
+
+
+def test_global_batch_is_bounded() -> None:
+    with pytest.raises(SpecError, match="global batch .* is over 1,048,576 samples"):
+        parse_spec({**MINIMAL, "prompts_per_step": 65536, "rollout": {"sampling": {"n": 32}}})
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"steps": True}, "steps"),
+        ({"prompts_per_step": False}, "prompts_per_step"),
+        ({"rollout": {"replicas": True}}, "rollout.replicas"),
+        ({"steps": "10"}, "steps"),
+        ({"steps": 10.5}, "steps"),
+        ({"trainer": {"lr": float("inf")}}, "trainer.lr"),
+        ({"trainer": {"max_grad_norm": float("nan")}}, "trainer.max_grad_norm"),
+    ],
+)
+def test_booleans_strings_and_non_finite_are_not_numbers(patch: dict, field: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_spec({**MINIMAL, **patch}, "job.yaml")
+    assert f"  {field}:" in str(exc.value), str(exc.value)
+    if isinstance(next(iter(patch.values())), bool):
+        assert "not a boolean" in str(exc.value)
+
+
+def test_duplicate_keys_are_refused_naming_the_key_and_both_lines(tmp_path: Path) -> None:
+    f = tmp_path / "dup.yaml"
+    f.write_text("name: first\nmodel: {init: {}}\nsteps: 3\nname: second\n")
+    with pytest.raises(SpecError) as exc:
+        load_spec(f)
+    assert str(exc.value) == f"{f}:4: duplicate key 'name' at line 4 (first given at line 1)"
+    f.write_text("name: a\nmodel: {init: {}}\nrollout:\n  replicas: 1\n  engine: hf\n  replicas: 2\n")
+    with pytest.raises(SpecError, match=r"duplicate key 'replicas' at line 6 \(first given at line 4\)"):
+        load_spec(f)
+    f.write_text("name: a\nmodel: {init: {}, init: {}}\n")  # in one flow mapping, on one line
+    with pytest.raises(SpecError, match="duplicate key 'init' at line 2"):
+        load_spec(f)
+    # a YAML merge may still override what it merges
+    f.write_text("name: a\nmodel: {init: {}}\nrollout:\n  <<: {replicas: 1, engine: hf}\n  replicas: 2\n")
+    assert load_spec(f).rollout.replicas == 2
+
+
+def test_binary_job_file_is_a_spec_error(tmp_path: Path) -> None:
+    f = tmp_path / "job.bin"
+    f.write_bytes(b"name: a\n\xff\xfe\x00garbage")
+    with pytest.raises(SpecError, match=rf"{f}: not a text job file: byte 0xff at offset 8 is not UTF-8"):
+        load_spec(f)
+    f.write_bytes(b"name: a\n\x00\x01\x02")  # valid UTF-8, not YAML text
+    with pytest.raises(SpecError, match=rf"{f}.*not valid YAML"):
+        load_spec(f)

@@ -11,6 +11,7 @@ import pytest
 
 from resilient_rl.spec import TaskSpec
 from resilient_rl.tasks import VOCAB_CHARS, Example, QuarantinedRow, Task, TaskError, make_task
+from resilient_rl.tasks.base import RewardResult
 
 
 def _task(seed: int = 0, **kw: Any) -> Task:
@@ -231,13 +232,14 @@ def _fn_task(tmp_path: Path, name: str) -> Task:
     return _task(kind="jsonl", path=str(f), reward="function", reward_fn=f"tests.unit.reward_fns:{name}")
 
 
-def test_function_reward_called_and_clamped(tmp_path: Path) -> None:
+def test_function_reward_in_range_is_used_out_of_range_is_an_error(tmp_path: Path) -> None:
     task = _fn_task(tmp_path, "length_ratio")
     ex = task.example(0)
-    assert task.reward(ex, "ab").value == 0.5
-    assert task.reward(ex, "abcdefgh").value == 1.0  # 2.0 clamped
-    assert task.reward(ex, "ab").error is None
-    assert _fn_task(tmp_path, "negative").reward(ex, "x").value == 0.0
+    assert task.reward(ex, "ab") == RewardResult(0.5)
+    over = task.reward(ex, "abcdefgh")  # 2.0: a bug in the function, not a high score
+    assert over.value == 0.0 and over.error == "ValueError: reward function returned 2.0, outside [0, 1]"
+    under = _fn_task(tmp_path, "negative").reward(ex, "x")
+    assert under.value == 0.0 and under.error is not None and "-3.0, outside [0, 1]" in under.error
 
 
 def test_function_reward_raising_is_contained(tmp_path: Path) -> None:
@@ -247,7 +249,11 @@ def test_function_reward_raising_is_contained(tmp_path: Path) -> None:
     assert result.error == "RuntimeError: boom on 'zz'"
 
 
-@pytest.mark.parametrize(("name", "err"), [("returns_string", "TypeError"), ("returns_nan", "ValueError")])
+@pytest.mark.parametrize(
+    ("name", "err"),
+    [("returns_string", "TypeError"), ("returns_nan", "ValueError"), ("returns_inf", "ValueError"),
+     ("returns_minus_inf", "ValueError")],
+)  # fmt: skip
 def test_function_reward_bad_return_is_contained(tmp_path: Path, name: str, err: str) -> None:
     task = _fn_task(tmp_path, name)
     result = task.reward(task.example(0), "x")
