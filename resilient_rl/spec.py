@@ -22,7 +22,6 @@ from pydantic_core import PydanticCustomError
 
 from controller.keys import InvalidId, check_job_id
 
-
 # strict: a YAML ``true`` is not the integer 1, ``"5"`` is not 5 (lax pydantic accepts both)
 # and no inf/NaN: `.inf` would pass every `gt=0` check
 _CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
