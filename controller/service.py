@@ -181,9 +181,11 @@ class Controller:
         elif leader_changed:
             self.event(rec.id, "leader", f"controller {self.id} took over as leader", token=self.election.token)
         if rec.desired.get("cancel"):
-            self._drop_driver(rec.id)  # stopped before the write, so it cannot overwrite CANCELLED
+            # written first, whatever the driver is doing (a thread cannot be interrupted): the driver's
+            # own writes require a live phase, so it cannot overwrite CANCELLED or commit a step after it
             self.update_state(rec.id, phase="CANCELLED", reason="cancelled by user", finished_at=time.time())
             self.event(rec.id, "cancelled", "job cancelled by user")
+            self._drop_driver(rec.id)
             return
         if self.driver_factory is None:
             return

@@ -464,6 +464,8 @@ def status(
         out.print(_jobs_table([rec["summary"]]))
         if rec["state"].get("reason"):
             out.print(f"reason: {rec['state']['reason']}")
+        if rec["summary"].get("reward_errors"):
+            out.print(f"reward errors: {rec['summary']['reward_errors']} samples scored 0 (`rrl events {job}`)")
         for group, members in sorted(rec["members"].items()):
             for w, info in sorted(members.items()):
                 out.print(

@@ -26,6 +26,7 @@ from .fencing import check_fence
 from .sampler import sample_seed
 from .spec import JobSpec
 from .tasks import make_task
+from .tasks.reward_pool import RewardPool
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ class RolloutWorker:
         self.spec = JobSpec.model_validate_json(spec_json)
         self.job, self.index = job, index
         self.task = make_task(self.spec.task, self.spec.seed)
+        t = self.spec.task
+        # user code runs in killable processes (its own deadline); built-in scorers in-process
+        self.rewards = RewardPool(t.reward_fn, t.reward_timeout_s, t.reward_workers) if t.reward_fn and (
+            t.reward == "function") else None  # fmt: skip
         r = self.spec.rollout
         self.sampling = Sampling(r.sampling.temperature, r.sampling.top_p, r.sampling.max_tokens)
         self.journal = Journal(os.path.join(workdir, "journal"))
@@ -101,8 +106,13 @@ class RolloutWorker:
         samples = []
         reward_errors = 0
         tokens = 0
-        for (ex, s), c in zip(keys_, outs, strict=True):
-            rr = self.task.reward(ex, c.text)
+        if self.rewards is not None:
+            scored = self.rewards.score(
+                [(ex.prompt, c.text, ex.answer) for (ex, _), c in zip(keys_, outs, strict=True)]
+            )
+        else:
+            scored = [self.task.reward(ex, c.text) for (ex, _), c in zip(keys_, outs, strict=True)]
+        for (ex, s), c, rr in zip(keys_, outs, scored, strict=True):
             reward_errors += rr.error is not None
             tokens += len(c.token_ids)
             samples.append(
@@ -128,6 +138,8 @@ class RolloutWorker:
             "version": self.version,
             "reward_mean": sum(rewards) / len(rewards),
             "reward_errors": reward_errors,
+            "reward_error": next((x["reward_error"] for x in samples if x["reward_error"]), None),
+            "samples": len(samples),
             "tokens": tokens,
             "seconds": secs,
             "worker": self.index,
@@ -141,3 +153,5 @@ class RolloutWorker:
     def shutdown(self) -> None:
         """Leave membership (lease revoked) before the actor is killed."""
         self.member.close()
+        if self.rewards is not None:
+            self.rewards.close()

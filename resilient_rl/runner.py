@@ -32,12 +32,13 @@ from typing import Any
 
 from checkpoints.journal import Journal, ShardRef
 from controller.election import NotLeader
-from controller.jobs import JobRecord
+from controller.jobs import TERMINAL, JobRecord
 from controller.store import EtcdError
 
 from .autoscale import Autoscaler
 from .checkpointing import SnapshotFlow
 from .groups import RolloutGroup, TrainerGroup, describe_error
+from .reward_guard import RewardErrorWindow
 from .sampler import prompt_indices
 from .spec import JobSpec
 
@@ -83,6 +84,9 @@ class JobRunner:
         r = self.spec.rollout
         lo, hi = r.min_replicas or r.replicas, r.max_replicas or r.replicas
         self.autoscaler = Autoscaler(lo, hi, self._want("rollout")) if lo < hi else None
+        t = self.spec.task
+        scorer = f"reward function {t.reward_fn}" if t.reward == "function" else f"task.reward {t.reward}"
+        self.rewards = RewardErrorWindow(scorer, t.max_reward_error_rate, t.reward_error_window)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
         self._thread.start()
@@ -105,7 +109,9 @@ class JobRunner:
         """Stop the loop; with ``final`` also stop the job's workers (cancel, job ended)."""
         self._stop.set()
         if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=30)
+            # final: the job is terminal in etcd already and every write of the runner is refused
+            # (`live`, `committable`), so a thread busy elsewhere need not be waited for
+            self._thread.join(timeout=3 if final else 30)
         if final:
             self._kill_workers()
 
@@ -129,7 +135,8 @@ class JobRunner:
 
         state = self.c.read_state(self.job)
         k = int(state.get("step", 0))
-        self.c.update_state(self.job, phase="RUNNING", started_at=state.get("started_at") or time.time())
+        self.reward_errors = int(state.get("reward_errors") or 0)  # this runner is the one writer from here
+        self.c.update_state(self.job, expect=live, phase="RUNNING", started_at=state.get("started_at") or time.time())
         self.c.event(self.job, "running", f"{'resuming at step ' + str(k) if k else 'starting'}: "
                      f"{self._want('rollout')} rollout / {self._want('trainer')} trainer workers")  # fmt: skip
         self._ray_init()
@@ -351,6 +358,8 @@ class JobRunner:
                 "version": body["meta"]["version"],
                 "tokens": sum(len(x["token_ids"]) for x in samples),
                 "reward_errors": sum(x["reward_error"] is not None for x in samples),
+                "reward_error": next((x["reward_error"] for x in samples if x["reward_error"]), None),
+                "samples": len(samples),
             }
         return out
 
@@ -367,23 +376,32 @@ class JobRunner:
             "reward_errors": sum(x["reward_errors"] for x in shards.values()),
             "versions": sorted({x["version"] for x in shards.values()}),
         }
-
-        def expect(cur: dict[str, Any]) -> None:
-            if cur.get("step") != k:
-                raise JobFailed(f"refusing to commit step {k}: etcd says the job is at step {cur.get('step')}")
-
+        errors = metrics["reward_errors"]
         self.c.update_state(
             self.job,
-            expect=expect,
+            expect=lambda cur: committable(cur, k),
             step=k + 1,
             policy_version=k + 1,
             reward=metrics["reward"],
             tokens_per_s=metrics["tokens_per_s"],
             step_seconds=metrics["step_seconds"],
+            reward_errors=self.reward_errors + errors,
         )
+        self.reward_errors += errors
         with open(self.workdir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({**metrics, "time": time.time()}) + "\n")
+        self._guard_rewards(k, errors, shards)
         return metrics
+
+    def _guard_rewards(self, k: int, errors: int, shards: dict[int, dict[str, Any]]) -> None:
+        """Raise the (rate-limited) ``reward_errors`` event; fail the job past the error rate."""
+        samples = sum(int(x.get("samples") or 0) for x in shards.values())
+        example = next((x["reward_error"] for x in shards.values() if x.get("reward_error")), None)
+        verdict = self.rewards.observe(k, errors, samples, example, time.monotonic(), min_steps=self.spec.steps)
+        if verdict.event:
+            self.c.event(self.job, "reward_errors", verdict.event, step=k, errors=errors, samples=samples)
+        if verdict.fail:
+            raise JobFailed(verdict.fail)
 
     def _check_staleness(self, k: int, shards: dict[int, dict[str, Any]]) -> None:
         oldest = min(x["version"] for x in shards.values())
@@ -451,7 +469,7 @@ class JobRunner:
             log.warning("job %s: stopped runner does not record %s (%s)", self.job, phase, reason)
             return
         try:
-            self.c.update_state(self.job, phase=phase, reason=reason, finished_at=time.time())
+            self.c.update_state(self.job, expect=live, phase=phase, reason=reason, finished_at=time.time())
             self.c.event(self.job, phase.lower(), reason or f"job {phase.lower()}")
         except NotLeader:
             log.warning("job %s: could not record %s, no longer leader", self.job, phase)
@@ -475,6 +493,22 @@ class JobRunner:
                 except Exception as e:  # the kill below is what matters
                     log.info("shutdown of %s/%d failed: %s", g, i, e)
                 ray.kill(actor)
+
+
+def live(cur: dict[str, Any]) -> None:
+    """``expect`` of the runner's phase writes: a job that reached a terminal phase (cancelled by the
+    reconcile loop while this thread was busy) is never moved out of it."""
+    if cur.get("phase") in TERMINAL:
+        raise NotLeader(f"job is {cur['phase']}: the runner does not write its state any more")
+
+
+def committable(cur: dict[str, Any], k: int) -> None:
+    """``expect`` of the commit of step ``k``: the job is RUNNING (not cancelled while the step
+    trained) and at step ``k`` (no step applied twice); raises otherwise."""
+    if cur.get("phase") != "RUNNING":
+        raise NotLeader(f"job is {cur.get('phase')}: step {k} is not committed")
+    if cur.get("step") != k:
+        raise JobFailed(f"refusing to commit step {k}: etcd says the job is at step {cur.get('step')}")
 
 
 def _make_tiny_model(out: str, init: Any, vocab_chars: str) -> str:

@@ -161,6 +161,33 @@ class TaskSpec(_Section):
         "(reward_fn), or `partial` (arith: per-digit partial credit).",
     )
     reward_fn: str | None = Field(None, description="`module:function` taking (prompt, completion, answer) -> float.")
+    reward_timeout_s: float = Size(
+        10.0,
+        gt=0,
+        le=3600.0,
+        why="a reward that takes an hour per sample is hung",
+        description="reward: function: seconds one call may take; a call past it scores 0 with an error "
+        "naming the function, and the process it ran in is killed and replaced (the worker goes on).",
+    )
+    reward_workers: int = Size(
+        2,
+        ge=1,
+        le=64,
+        why="each is a process on the rollout worker's machine",
+        description="reward: function: processes per rollout worker that run the function (killable, so a "
+        "hung call cannot hang the worker).",
+    )
+    max_reward_error_rate: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="The job fails when more than this fraction of the samples of the last "
+        "reward_error_window steps scored 0 because the reward function raised, timed out or returned "
+        "something other than a finite number in [0, 1] (1 = never fail for it).",
+    )
+    reward_error_window: int = Size(
+        10, ge=1, le=10_000, why="the window is kept in the leader's memory", description="Steps of that window."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TaskSpec:

@@ -107,6 +107,7 @@ def summary(rec: JobRecord, events: list[dict[str, Any]], now: float | None = No
         "progress": round(step / steps, 4) if steps else 0.0,
         "policy_version": st.get("policy_version", 0),
         "reward": st.get("reward"),
+        "reward_errors": int(st.get("reward_errors") or 0),
         "tokens_per_s": st.get("tokens_per_s"),
         "step_seconds": st.get("step_seconds"),
         "age_s": round(now - submitted, 1) if submitted else None,

@@ -33,3 +33,34 @@ def negative(prompt: str, completion: str, answer: str) -> float:
 
 
 NOT_CALLABLE = 42
+
+
+def hangs_on_x(prompt: str, completion: str, answer: str) -> float:
+    """Hangs for ever when the completion is "x"; prints (to check prints cannot garble replies)."""
+    import time
+
+    print("scoring", completion)
+    while completion == "x":
+        time.sleep(1)
+    return 0.25
+
+
+def dies_on_x(prompt: str, completion: str, answer: str) -> float:
+    import os
+
+    if completion == "x":
+        os._exit(3)
+    return 0.75
+
+
+def always_inf(prompt: str, completion: str, answer: str) -> float:
+    return float("inf")
+
+
+def hangs_sometimes(prompt: str, completion: str, answer: str) -> float:
+    """Hangs on about a quarter of the completions (by their characters), else 1 for a non-empty one."""
+    import time
+
+    while sum(map(ord, completion)) % 4 == 0:
+        time.sleep(1)
+    return 1.0 if completion.strip() else 0.0

@@ -1,0 +1,194 @@
+"""User reward functions in killable child processes, each call under a deadline.
+
+A user's ``task.reward_fn`` may hang (a deadlock, a network call, a regex that
+backtracks for ever). A Python thread cannot be killed and ``signal.alarm`` works
+only in the main thread and cannot interrupt C code, so the function runs in a
+few child processes of the rollout worker; a call that misses its deadline scores
+0 with an error naming the function, its process is killed (its whole process
+group) and replaced, and the shard goes on. A child that dies mid-call is the
+same: that sample scores 0, a new child takes the next call.
+
+The children are plain ``python -m resilient_rl.tasks.reward_pool REF``
+processes (not ``multiprocessing``, whose spawn re-imports the Ray worker's main
+module and whose fork copies an engine's threads). They speak JSON lines on a
+private pipe; the user function's own prints go to stderr. Every later user
+scorer (a reward server client, a math verifier) runs through the same pool.
+
+Runs inside the rollout worker; imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from resilient_rl.tasks.base import RewardResult, TaskError
+from resilient_rl.tasks.rewards import call_reward_fn, load_reward_fn
+
+_START_TIMEOUT_S = 60.0  # importing the user's module (it may import torch, a tokenizer...)
+
+
+@dataclass
+class _Child:
+    proc: subprocess.Popen[bytes]
+    replies: IO[bytes]
+    buf: bytes = b""
+    busy: tuple[int, float] | None = None  # (call index, deadline)
+    pending: list[bytes] = field(default_factory=list)
+
+
+class RewardPool:
+    """``size`` child processes scoring ``ref`` (``module:function``) with ``timeout_s`` per call.
+
+    ``score(calls)`` returns one :class:`RewardResult` per ``(prompt, completion, answer)``, in order; it
+    never raises for a user function's failure. The constructor raises :class:`TaskError` when the function
+    cannot be imported in a child (as ``make_task`` does in-process). Not thread-safe: one caller.
+    """
+
+    def __init__(self, ref: str, timeout_s: float, size: int = 2) -> None:
+        self.ref, self.timeout_s, self.size = ref, timeout_s, size
+        self.restarts = 0  # children killed (timeout) or lost (crash) and replaced
+        self._children: list[_Child] = []
+        try:
+            for _ in range(size):
+                self._children.append(self._spawn())
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the parent side ---------------------------------------------------------
+
+    def _spawn(self) -> _Child:
+        r, w = os.pipe()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "resilient_rl.tasks.reward_pool", self.ref, str(w)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,  # the child writes replies on fd w; its prints go to stderr
+            pass_fds=(w,),
+            env=env,
+            start_new_session=True,  # its own process group: a kill takes what it started too
+        )
+        os.close(w)
+        child = _Child(proc, os.fdopen(r, "rb", buffering=0))
+        hello = self._read_line(child, time.monotonic() + _START_TIMEOUT_S)
+        if hello is None:
+            self._kill(child)
+            raise TaskError(f"task.reward_fn: {self.ref} did not load within {_START_TIMEOUT_S:g}s")
+        msg = json.loads(hello)
+        if "error" in msg:
+            self._kill(child)
+            raise TaskError(msg["error"])
+        return child
+
+    def _read_line(self, child: _Child, deadline: float) -> bytes | None:
+        """One reply line of ``child`` before ``deadline``; None on timeout or when it died."""
+        while b"\n" not in child.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([child.replies], [], [], left)[0]:
+                return None
+            chunk = child.replies.read(65536)
+            if not chunk:
+                return None
+            child.buf += chunk
+        line, _, child.buf = child.buf.partition(b"\n")
+        return line
+
+    def _kill(self, child: _Child) -> None:
+        try:
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        child.proc.wait(timeout=10)
+        child.replies.close()
+        if child.proc.stdin is not None:
+            child.proc.stdin.close()
+
+    def _replace(self, i: int) -> None:
+        self._kill(self._children[i])
+        self.restarts += 1
+        self._children[i] = self._spawn()
+
+    def score(self, calls: list[tuple[str, str, str]]) -> list[RewardResult]:
+        results: list[RewardResult | None] = [None] * len(calls)
+        todo = list(range(len(calls)))[::-1]  # popped from the end: in order
+        while todo or any(c.busy for c in self._children):
+            for c in self._children:  # hand out work
+                if c.busy is None and todo:
+                    j = todo.pop()
+                    line = json.dumps(calls[j]).encode() + b"\n"
+                    try:
+                        assert c.proc.stdin is not None
+                        c.proc.stdin.write(line)
+                        c.proc.stdin.flush()
+                    except (BrokenPipeError, OSError):
+                        pass  # it died; the read below sees EOF and replaces it
+                    c.busy = (j, time.monotonic() + self.timeout_s)
+            busy = [c for c in self._children if c.busy]
+            nearest = min(c.busy[1] for c in busy if c.busy)
+            ready = select.select([c.replies for c in busy], [], [], max(0.0, nearest - time.monotonic()))[0]
+            now = time.monotonic()
+            for i, c in enumerate(self._children):
+                if c.busy is None:
+                    continue
+                j, deadline = c.busy
+                if c.replies in ready:
+                    chunk = c.replies.read(65536)
+                    if chunk:
+                        c.buf += chunk
+                        if b"\n" not in c.buf:
+                            continue
+                        line, _, c.buf = c.buf.partition(b"\n")
+                        msg: dict[str, Any] = json.loads(line)
+                        results[j] = RewardResult(float(msg["value"]), msg.get("error"))
+                        c.busy = None
+                        continue
+                    code = c.proc.poll()
+                    results[j] = RewardResult(
+                        0.0, f"ChildProcessError: reward function {self.ref} died (exit code {code})"
+                    )
+                elif now >= deadline:
+                    results[j] = RewardResult(
+                        0.0,
+                        f"TimeoutError: reward function {self.ref} did not return within {self.timeout_s:g}s "
+                        "(task.reward_timeout_s); its process was killed",
+                    )
+                else:
+                    continue
+                c.busy = None
+                self._replace(i)
+        return [r if r is not None else RewardResult(0.0, "lost") for r in results]
+
+    def close(self) -> None:
+        for c in self._children:
+            self._kill(c)
+        self._children = []
+
+
+# -- the child side ------------------------------------------------------------------
+
+
+def _serve(ref: str, fd: int) -> None:
+    replies = os.fdopen(fd, "w", buffering=1)
+    os.dup2(2, 1)  # the user function's prints must not reach the reply pipe
+    try:
+        fn = load_reward_fn(ref)
+    except TaskError as e:
+        replies.write(json.dumps({"error": str(e)}) + "\n")
+        return
+    replies.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        prompt, completion, answer = json.loads(line)
+        rr = call_reward_fn(fn, prompt, completion, answer)
+        replies.write(json.dumps({"value": rr.value, "error": rr.error}) + "\n")
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], int(sys.argv[2]))

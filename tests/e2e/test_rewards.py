@@ -1,0 +1,66 @@
+"""User reward functions on the real platform: one that returns inf fails the job naming it (it
+used to score 1.0 silently), one that hangs on some samples is timed out per call while the
+rollout worker survives and the job goes on. HF engine, one rollout worker, one trainer rank."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller import events
+from tests.conftest import run_rrl
+from tests.e2e.conftest import LivePlatform, journal_samples
+
+pytestmark = pytest.mark.slow
+
+FNS = "tests.unit.reward_fns"
+
+
+def _spec(name: str, tmp_path: Path, reward_fn: str, **task: Any) -> dict[str, Any]:
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}{i}:", "answer": str(i)}) + "\n" for i in range(10)))
+    return {
+        "name": name,
+        "model": {"init": {}},
+        "task": {"kind": "jsonl", "path": str(data), "reward": "function", "reward_fn": reward_fn, **task},
+        "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 4, "n": 2}},
+        "trainer": {"replicas": 1},
+        "prompts_per_step": 4,
+        "steps": 3,
+        "checkpoint": {"dir": str(tmp_path / "w")},
+    }
+
+
+def test_inf_rewards_fail_the_job_naming_the_function(platform: LivePlatform, tmp_path: Path) -> None:
+    job = platform.submit(_spec("e2e-inf-reward", tmp_path, f"{FNS}:always_inf", reward_error_window=2))
+    rec = platform.wait(job, timeout=300)
+    assert rec.phase == "FAILED", rec.state
+    reason = rec.state["reason"]
+    assert reason.startswith(f"reward function {FNS}:always_inf failed on 16 of 16 samples (100%)"), reason
+    assert "returned inf, outside [0, 1]" in reason and "task.max_reward_error_rate 0.5" in reason
+    assert rec.state["reward_errors"] == 16 and rec.state["step"] == 2  # two steps seen, then it failed
+    evs = [e for e in events.read(platform.store, job, limit=1000) if e["kind"] == "reward_errors"]
+    assert len(evs) == 1 and "8 sample(s) scored 0" in evs[0]["message"]  # rate-limited: one for both steps
+    r = run_rrl("status", job, "--etcd", platform.data["etcd"])
+    assert r.returncode == 0 and "reward errors: 16 samples scored 0" in r.stdout, r.stdout
+
+
+def test_a_hanging_reward_times_out_per_sample_and_the_worker_survives(platform: LivePlatform, tmp_path: Path) -> None:
+    spec = _spec("e2e-hang-reward", tmp_path, f"{FNS}:hangs_sometimes", reward_timeout_s=1.0, max_reward_error_rate=1.0)
+    job = platform.submit(spec)
+    rec = platform.wait(job, timeout=300)
+    assert rec.phase == "SUCCEEDED", rec.state
+    samples = [s for k in range(3) for s in journal_samples(tmp_path / "w", k)]
+    hung = [s for s in samples if s["reward_error"]]
+    assert hung, "no completion hit the hang (the test needs one)"
+    for s in hung:
+        assert sum(map(ord, s["text"])) % 4 == 0 and s["reward"] == 0.0
+        assert s["reward_error"].startswith(f"TimeoutError: reward function {FNS}:hangs_sometimes did not return")
+    assert all(s["reward"] == (1.0 if s["text"].strip() else 0.0) for s in samples if not s["reward_error"])
+    kinds = [e["kind"] for e in events.read(platform.store, job, limit=1000)]
+    assert "reward_errors" in kinds
+    assert not {"rollout_hang", "rollout_fault"} & set(kinds), kinds  # the worker was never declared hung
+    assert rec.state["reward_errors"] == len(hung)

@@ -1,0 +1,93 @@
+"""`rrl cancel` takes effect while the job's driver is busy: the leader's reconcile loop writes
+CANCELLED (fenced) at once, and the driver's later writes (a step commit, a final phase) are
+refused by the phase checks the runner uses. Real etcd and a real Controller; the driver is a
+stand-in whose thread is stuck in work it cannot be interrupted from (the outer edge faked)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from controller import jobs
+from controller.election import NotLeader
+from controller.service import Controller
+from resilient_rl.cli import _validate_spec
+from tests.conftest import EtcdServer
+
+
+class BusyDriver:
+    """Like a JobRunner whose thread is inside an uninterruptible computation for ``busy_s``,
+    then tries to commit step 0 and to finish, as the runner does (same ``expect`` checks)."""
+
+    def __init__(self, controller: Controller, rec: jobs.JobRecord, busy_s: float) -> None:
+        from resilient_rl.runner import committable, live
+
+        self.c, self.job, self.outcome = controller, rec.id, []  # type: ignore[var-annotated]
+        self.c.update_state(self.job, expect=live, phase="RUNNING")
+
+        def body() -> None:
+            time.sleep(busy_s)  # ignores stop(): a Python thread cannot be interrupted
+            for what, expect, change in (
+                ("commit", lambda cur: committable(cur, 0), {"step": 1}),
+                ("finish", live, {"phase": "SUCCEEDED"}),
+            ):
+                try:
+                    self.c.update_state(self.job, expect=expect, **change)
+                    self.outcome.append((what, "written"))
+                except NotLeader as e:
+                    self.outcome.append((what, str(e)))
+
+        self.thread = threading.Thread(target=body, daemon=True)
+        self.thread.start()
+        self.stopped_final: bool | None = None
+
+    def reconcile(self, rec: jobs.JobRecord) -> None:
+        return None
+
+    def stop(self, final: bool) -> None:
+        self.stopped_final = final  # does not wait for the busy thread
+
+
+@pytest.mark.slow
+def test_cancel_takes_effect_while_the_driver_is_busy_and_its_late_writes_are_refused(etcd: EtcdServer) -> None:
+    store = etcd.store()
+    drivers: list[BusyDriver] = []
+
+    def factory(c: Controller, rec: jobs.JobRecord) -> BusyDriver:
+        drivers.append(BusyDriver(c, rec, busy_s=6.0))
+        return drivers[-1]
+
+    c = Controller(store, "ctl-a", ttl=2, driver_factory=factory, interval=0.2)
+    t = threading.Thread(target=c.run, daemon=True)
+    t.start()
+    try:
+        job_id, spec_json, desired = _validate_spec(
+            {"name": "busy", "model": {"init": {}}, "rollout": {"engine": "hf"}, "steps": 5}
+        )
+        jobs.submit(store, job_id, spec_json, desired)
+        deadline = time.monotonic() + 10
+        while not drivers or jobs.get(store, "busy").phase != "RUNNING":
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        jobs.cancel(store, "busy")
+        while jobs.get(store, "busy").phase != "CANCELLED":
+            assert time.monotonic() - t0 < 3, f"cancel did not take effect: {jobs.get(store, 'busy').phase}"
+            time.sleep(0.05)
+        while drivers[0].stopped_final is None:  # the reconcile loop stops the driver after the write
+            assert time.monotonic() - t0 < 3, "the driver was not stopped"
+            time.sleep(0.05)
+        assert drivers[0].stopped_final is True
+        assert drivers[0].thread.is_alive()  # still busy: the cancel did not wait for it
+        drivers[0].thread.join(timeout=15)
+        rec = jobs.get(store, "busy")
+        assert rec.phase == "CANCELLED" and rec.state["step"] == 0, rec.state
+        assert drivers[0].outcome == [
+            ("commit", "job is CANCELLED: step 0 is not committed"),
+            ("finish", "job is CANCELLED: the runner does not write its state any more"),
+        ]
+    finally:
+        c.stop()
+        t.join(timeout=10)
