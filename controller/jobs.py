@@ -32,6 +32,10 @@ class JobExists(Exception):
     pass
 
 
+class DesiredChanged(Exception):
+    """A compare-and-set on ``desired`` found other values than the caller expected."""
+
+
 class JobNotFound(KeyError):
     def __str__(self) -> str:
         return f"no job named {self.args[0]!r}"
@@ -146,13 +150,32 @@ def _records(kvs: list[Any]) -> dict[str, JobRecord]:
     return {k: v for k, v in out.items() if v.spec}
 
 
-def update_desired(store: Store, job_id: str, **changes: Any) -> dict[str, Any]:
-    """Merge ``changes`` into ``desired`` with a compare-and-swap loop (no lost update)."""
+def read_desired(store: Store, job_id: str) -> dict[str, Any]:
+    """The job's desired state as it is now."""
+    kv = store.get(keys.desired(job_id))
+    if kv is None:
+        raise JobNotFound(job_id)
+    return dict(json.loads(kv.value))
+
+
+def update_desired(
+    store: Store, job_id: str, expect: dict[str, Any] | None = None, **changes: Any
+) -> dict[str, Any]:
+    """Merge ``changes`` into ``desired`` with a compare-and-swap loop (no lost update).
+
+    With ``expect`` (e.g. ``{"trainer": 1}``) the write happens only while those fields hold
+    those values; otherwise :class:`DesiredChanged` names what they are now."""
     for _ in range(20):
         kv = store.get(keys.desired(job_id))
         if kv is None:
             raise JobNotFound(job_id)
-        desired = {**json.loads(kv.value), **changes}
+        cur = json.loads(kv.value)
+        wrong = {k: cur.get(k) for k, v in (expect or {}).items() if cur.get(k) != v}
+        if wrong:
+            now = ", ".join(f"{k} is {v}" for k, v in wrong.items())
+            want = ", ".join(f"{k}={v}" for k, v in (expect or {}).items() if k in wrong)
+            raise DesiredChanged(f"{job_id}: expected {want}, but desired {now}; nothing changed")
+        desired = {**cur, **changes}
         res = store.txn(
             [Compare(keys.desired(job_id), "mod", "=", kv.mod_revision)],
             success=[Put(keys.desired(job_id), json.dumps(desired))],
@@ -167,9 +190,10 @@ def cancel(store: Store, job_id: str) -> dict[str, Any]:
     return update_desired(store, job_id, cancel=True)
 
 
-def scale(store: Store, job_id: str, **groups: int) -> dict[str, Any]:
-    """Ask for new group sizes, e.g. ``scale(store, job, rollout=3)``."""
+def scale(store: Store, job_id: str, expect: dict[str, int] | None = None, **groups: int) -> dict[str, Any]:
+    """Ask for new group sizes, e.g. ``scale(store, job, rollout=3)``; ``expect`` makes it a
+    compare-and-set (``expect={"rollout": 2}``: only while rollout is still 2)."""
     for g, n in groups.items():
-        if not isinstance(n, int) or n < 1:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{g}: replicas must be a positive integer, got {n!r}")
-    return update_desired(store, job_id, **groups)
+    return update_desired(store, job_id, expect=expect, **groups)

@@ -508,17 +508,39 @@ def cancel(job: Annotated[str, typer.Argument(help="Job id.")], etcd: EtcdOpt = 
 @app.command()
 def scale(
     job: Annotated[str, typer.Argument(help="Job id.")],
-    rollout: Annotated[int | None, typer.Option(min=1, help="New rollout worker count.")] = None,
-    trainer: Annotated[int | None, typer.Option(min=1, help="New trainer world size.")] = None,
+    rollout: Annotated[int | None, typer.Option(min=1, max=1024, help="New rollout worker count.")] = None,
+    trainer: Annotated[int | None, typer.Option(min=1, max=1024, help="New trainer world size.")] = None,
+    expect: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Compare-and-set: change only if GROUP's desired size is still N (GROUP=N, repeatable), "
+            "e.g. --expect trainer=2; exit 1 naming the current size otherwise."
+        ),
+    ] = None,
     etcd: EtcdOpt = None,
     api: ApiOpt = None,
 ) -> None:
-    """Change a job's group sizes (desired state); the leader reconciles toward it."""
+    """Change a job's group sizes (desired state); the leader reconciles toward it.
+
+    Prints the desired state as it is after the write: if another `rrl scale` raced this one
+    and won, it says so (last writer wins unless --expect is given)."""
     groups = {k: v for k, v in (("rollout", rollout), ("trainer", trainer)) if v is not None}
     if not groups:
         fail("give --rollout N and/or --trainer M", 2)
-    desired = _call(_api(etcd, api), "POST", _jp(job, "/scale"), groups)["desired"]
-    out.print(f"{job}: desired " + ", ".join(f"{g} {desired[g]}" for g in groups))
+    body: dict[str, Any] = dict(groups)
+    if expect:
+        body["expect"] = {}
+        for item in expect:
+            g, sep, n = item.partition("=")
+            if not sep or g not in ("rollout", "trainer") or not n.isdigit():
+                fail(f"--expect: want GROUP=N with GROUP rollout or trainer, got {item!r}", 2)
+            body["expect"][g] = int(n)
+    res = _call(_api(etcd, api), "POST", _jp(job, "/scale"), body)
+    now = res["desired"]
+    out.print(f"{job}: desired now " + ", ".join(f"{g} {now.get(g)}" for g in ("rollout", "trainer")))
+    for g, n in groups.items():
+        if now.get(g) != n:
+            out.print(f"  {g}: you asked {n}, but another request has set {now.get(g)} since (use --expect)")
 
 
 @app.command()

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.encoders import jsonable_encoder
@@ -61,9 +61,14 @@ MetricsPath = Callable[[jobs.JobRecord], "Path | None"]
 class ScaleRequest(BaseModel):
     """New group sizes; give one or both."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     rollout: int | None = Field(None, ge=1, le=1024, description="Rollout workers.")
     trainer: int | None = Field(None, ge=1, le=1024, description="Trainer world size.")
+    expect: dict[Literal["rollout", "trainer"], int] | None = Field(
+        None,
+        description="Compare-and-set: change only while these groups' desired sizes are still these "
+        "(409 naming the current ones otherwise), so two operators cannot overwrite each other unseen.",
+    )
 
     @model_validator(mode="after")
     def _one(self) -> ScaleRequest:
@@ -243,6 +248,10 @@ def create_app(
     async def _exists(_: Request, e: jobs.JobExists) -> JSONResponse:
         return JSONResponse({"detail": str(e)}, 409)
 
+    @app.exception_handler(jobs.DesiredChanged)
+    async def _changed(_: Request, e: jobs.DesiredChanged) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, 409)
+
     @app.exception_handler(EtcdError)
     async def _etcd(_: Request, e: EtcdError) -> JSONResponse:
         etcd_errors.inc()
@@ -373,9 +382,14 @@ def create_app(
 
     @app.post(f"{API}/jobs/{{job}}/scale", tags=["jobs"], dependencies=[Auth])
     def scale_job(job: str, req: Annotated[ScaleRequest, Body()]) -> dict[str, Any]:
-        """Ask for new group sizes (desired); rollout changes live, trainer at a step boundary."""
+        """Ask for new group sizes (desired); rollout changes live, trainer at a step boundary.
+
+        ``written`` is what this request wrote; ``desired`` is read back after it, so a caller racing
+        another sees the value that holds now (use ``expect`` to refuse instead)."""
         groups = {g: n for g, n in (("rollout", req.rollout), ("trainer", req.trainer)) if n is not None}
-        return {"id": job, "desired": jobs.scale(store, keys.check_job_id(job), **groups)}
+        job = keys.check_job_id(job)
+        written = jobs.scale(store, job, expect=dict(req.expect) if req.expect else None, **groups)
+        return {"id": job, "written": written, "desired": jobs.read_desired(store, job)}
 
     @app.post(f"{API}/jobs/{{job}}/workers/{{group}}/{{worker}}/kill", tags=["chaos"], dependencies=[Auth])
     def kill_worker(job: str, group: str, worker: str) -> dict[str, Any]:

@@ -141,6 +141,42 @@ def test_bad_payloads_are_422_naming_the_field(ctls: tuple[Ctl, Ctl], etcd: Etcd
     assert httpx.post(f"{u}/jobs", json={"spec": spec("bad")}, headers=AUTH).status_code == 409
 
 
+def test_racing_scales_with_expect_one_wins_the_rest_are_told_the_current_size(
+    ctls: tuple[Ctl, Ctl], etcd: EtcdServer
+) -> None:
+    leader, standby = ctls
+    assert httpx.post(f"{leader.url}/api/v1/jobs", json={"spec": spec("race")}, headers=AUTH).status_code == 201
+    results: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def scale(n: int, via: Ctl) -> None:
+        r = httpx.post(f"{via.url}/api/v1/jobs/race/scale", json={"rollout": n, "expect": {"rollout": 1}},
+                       headers=AUTH, timeout=30)  # fmt: skip
+        with lock:
+            results.append(r)
+
+    threads = [threading.Thread(target=scale, args=(n, (leader, standby)[n % 2])) for n in range(2, 10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = [r for r in results if r.status_code == 200]
+    assert len(won) == 1, [(r.status_code, r.text) for r in results]
+    n = won[0].json()["written"]["rollout"]
+    assert desired(etcd, "race")["rollout"] == n and won[0].json()["desired"]["rollout"] == n
+    for r in results:
+        if r.status_code != 200:
+            assert r.status_code == 409, r.text
+            assert r.json()["detail"] == f"race: expected rollout=1, but desired rollout is {n}; nothing changed"
+    # without expect the last writer wins, and the reply says what holds after the write
+    r = httpx.post(f"{leader.url}/api/v1/jobs/race/scale", json={"trainer": 2}, headers=AUTH)
+    assert r.json()["desired"] == {**desired(etcd, "race")} and r.json()["desired"]["trainer"] == 2
+    bad = httpx.post(
+        f"{leader.url}/api/v1/jobs/race/scale", json={"trainer": 2, "expect": {"weights": 1}}, headers=AUTH
+    )
+    assert bad.status_code == 422
+
+
 def test_unknown_job_is_404_and_writes_nothing(ctls: tuple[Ctl, Ctl], etcd: EtcdServer) -> None:
     leader, _ = ctls
     u = leader.url + "/api/v1/jobs/nope"

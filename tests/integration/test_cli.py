@@ -66,11 +66,19 @@ def test_submit_valid_then_status_and_cancel(etcd: EtcdServer, rrl_home: Path) -
     r = run_rrl("list", "--etcd", etcd.endpoint, "-o", "json")
     assert json.loads(r.stdout)[0]["id"] == "copy-tiny"
     r = run_rrl("scale", "copy-tiny", "--rollout", "3", "--etcd", etcd.endpoint)
-    assert r.returncode == 0
+    assert r.returncode == 0 and "copy-tiny: desired now rollout 3, trainer 2" in r.stdout, r.stdout
+    r = run_rrl("scale", "copy-tiny", "--trainer", "4", "--expect", "trainer=1", "--etcd", etcd.endpoint)
+    assert r.returncode == 1 and "expected trainer=1, but desired trainer is 2; nothing changed" in r.stderr
+    r = run_rrl("scale", "copy-tiny", "--trainer", "4", "--expect", "trainers=2", "--etcd", etcd.endpoint)
+    assert r.returncode == 2 and "--expect: want GROUP=N" in r.stderr
+    r = run_rrl("scale", "copy-tiny", "--trainer", "1", "--expect", "trainer=2", "--etcd", etcd.endpoint)
+    assert r.returncode == 0 and "desired now rollout 3, trainer 1" in r.stdout
+    r = run_rrl("scale", "copy-tiny", "--trainer", "1025", "--etcd", etcd.endpoint)
+    assert r.returncode == 2
     r = run_rrl("cancel", "copy-tiny", "--etcd", etcd.endpoint)
     assert r.returncode == 0
     desired = json.loads(etcd.store().get("/rrl/v1/jobs/copy-tiny/desired").value)  # type: ignore[union-attr]
-    assert desired["cancel"] is True and desired["rollout"] == 3
+    assert desired["cancel"] is True and desired["rollout"] == 3 and desired["trainer"] == 1
     r = run_rrl("status", "no-such-job", "--etcd", etcd.endpoint)
     assert r.returncode == 1 and "no job named 'no-such-job'" in r.stderr
     r = run_rrl("status", "Bad/Id", "--etcd", etcd.endpoint)
