@@ -388,7 +388,8 @@ def create_app(
         another sees the value that holds now (use ``expect`` to refuse instead)."""
         groups = {g: n for g, n in (("rollout", req.rollout), ("trainer", req.trainer)) if n is not None}
         job = keys.check_job_id(job)
-        written = jobs.scale(store, job, expect=dict(req.expect) if req.expect else None, **groups)
+        expect = {str(g): n for g, n in req.expect.items()} if req.expect else None
+        written = jobs.scale(store, job, expect=expect, **groups)
         return {"id": job, "written": written, "desired": jobs.read_desired(store, job)}
 
     @app.post(f"{API}/jobs/{{job}}/workers/{{group}}/{{worker}}/kill", tags=["chaos"], dependencies=[Auth])
