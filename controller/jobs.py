@@ -150,6 +150,14 @@ def _records(kvs: list[Any]) -> dict[str, JobRecord]:
     return {k: v for k, v in out.items() if v.spec}
 
 
+def lineage(store: Store, job_id: str) -> list[dict[str, Any]]:
+    """The job's trainer segments, in step order: one record per (re)start of the trainer group
+    (``at_step`` it rejoined live training, ``from_step`` of the snapshot it restored, 0 for the
+    initial weights, ``world``, ``strategy``, ``threads``). ``rrl verify`` replays through them."""
+    kvs, _ = store.range(keys.lineage(job_id))
+    return [json.loads(kv.value) for kv in kvs]
+
+
 def read_desired(store: Store, job_id: str) -> dict[str, Any]:
     """The job's desired state as it is now."""
     kv = store.get(keys.desired(job_id))
@@ -158,9 +166,7 @@ def read_desired(store: Store, job_id: str) -> dict[str, Any]:
     return dict(json.loads(kv.value))
 
 
-def update_desired(
-    store: Store, job_id: str, expect: dict[str, Any] | None = None, **changes: Any
-) -> dict[str, Any]:
+def update_desired(store: Store, job_id: str, expect: dict[str, Any] | None = None, **changes: Any) -> dict[str, Any]:
     """Merge ``changes`` into ``desired`` with a compare-and-swap loop (no lost update).
 
     With ``expect`` (e.g. ``{"trainer": 1}``) the write happens only while those fields hold

@@ -84,6 +84,12 @@ def member(job_id: str, group: str, worker: str) -> str:
     return f"{members(job_id, group)}{check_name(worker, 'worker')}"
 
 
+def lineage(job_id: str, at_step: int | None = None) -> str:
+    """A trainer group (re)start: ``lineage/{step}`` (zero-padded: key order is step order)."""
+    base = f"{job(job_id)}lineage/"
+    return base if at_step is None else f"{base}{at_step:010d}"
+
+
 def checkpoints(job_id: str) -> str:
     return f"{job(job_id)}checkpoints/"
 

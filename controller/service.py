@@ -61,6 +61,8 @@ class Controller:
         driver_factory: Any = None,
         info: dict[str, Any] | None = None,
         interval: float = 0.5,
+        housekeeping: Callable[[Controller, list[jobs.JobRecord]], None] | None = None,
+        housekeeping_interval: float = 10.0,
     ) -> None:
         self.store = store
         self.id = keys.check_name(cid or f"{socket.gethostname()}-{os.getpid()}", "controller id")
@@ -68,6 +70,11 @@ class Controller:
         self.driver_factory = driver_factory
         self.info = {"id": self.id, "pid": os.getpid(), "node": socket.gethostname(), **(info or {})}
         self.interval = interval
+        # called by the leader with every job record when it takes over and every
+        # housekeeping_interval after (e.g. stopping workers of finished jobs that a dead
+        # leader left running); must return at once (it runs its work elsewhere)
+        self.housekeeping = housekeeping
+        self.housekeeping_interval = housekeeping_interval
         self.drivers: dict[str, JobDriver] = {}
         self._events: dict[str, EventLog] = {}
         self._stop = threading.Event()
@@ -112,11 +119,16 @@ class Controller:
         log.info("controller %s leads (token %d)", self.id, self.election.token)
         self._events.clear()
         first = True
+        last_housekeeping = 0.0
         try:
             while not self._stop.is_set() and self.election.is_leader:
-                for rec in jobs.list_all(self.store, detail=False):
+                recs = jobs.list_all(self.store, detail=False)
+                for rec in recs:
                     self.reconcile(rec, leader_changed=first)
                 first = False
+                if self.housekeeping and time.monotonic() - last_housekeeping >= self.housekeeping_interval:
+                    last_housekeeping = time.monotonic()
+                    self.housekeeping(self, recs)
                 self._stop.wait(self.interval)
         except NotLeader as e:
             log.warning("controller %s: %s", self.id, e)

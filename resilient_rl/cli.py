@@ -297,6 +297,7 @@ def controller(
     from controller.service import Controller
 
     from .local import ensure_token, token_path
+    from .reaper import WorkerReaper
     from .runner import runner_factory  # light: Ray is imported when the first job runs
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -330,6 +331,7 @@ def controller(
         ttl=ttl,
         info={"ray": ray_address, "http": http.url},
         driver_factory=runner_factory(ray_address, store.endpoints),
+        housekeeping=WorkerReaper(ray_address),
     )
     signal.signal(signal.SIGTERM, lambda *_: c.stop())
     signal.signal(signal.SIGINT, lambda *_: c.stop())
@@ -621,14 +623,22 @@ def verify(
     spec = JobSpec.model_validate(rec["spec"])
     steps = int(rec["state"]["step"])
     ray_addr = ray_address or Platform().load().get("ray")
-    from .verify import replay_digest
+    from controller import jobs
 
+    from .verify import _default_threads, describe_plan, replay_digest, replay_plan
+
+    segments = _guard(jobs.lineage, store, job)
+    plan = replay_plan(segments, steps, spec.trainer.replicas, _default_threads())
+    out.print(f"{job}: {len(plan)} segment(s), each replayed as it ran (bit-exact transitions):")
+    for line in describe_plan(plan):
+        out.print(f"  {line}")
     with Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), console=out) as bar:
         task = bar.add_task("replay", total=steps)
         try:
             actual = replay_digest(
-                spec, steps, ray_addr, ",".join(store.endpoints), lambda n: bar.update(task, completed=n)
-            )
+                spec, steps, ray_addr, ",".join(store.endpoints), lambda n: bar.update(task, completed=n),
+                segments=segments,
+            )  # fmt: skip
         except Exception as e:  # a corrupt or missing journal file is a verification failure, said plainly
             cause = getattr(e, "cause", e)
             out.print(f"[red]mismatch[/]: replay failed: {type(cause).__name__}: {str(cause).strip().splitlines()[0]}")

@@ -316,8 +316,10 @@ class TrainerGroup:
             for i in range(world)
         ]  # fmt: skip
         master = ray.get(self.ranks[0].address.remote())
-        ray.get([r.setup.remote(master, restore) for r in self.ranks])
+        ready = ray.get([r.setup.remote(master, restore) for r in self.ranks])
         ray.get([r.adopt.remote(self.r.token, self.r.spec.digest()) for r in self.ranks])  # fence them
+        self.r.record_lineage(k, {"from_step": s, "snapshot": restore, "world": world, "strategy": "ddp",
+                                  "threads": ready[0]["threads"]})  # fmt: skip
         if k == 0:
             return None
         if s < k:

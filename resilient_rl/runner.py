@@ -200,6 +200,15 @@ class JobRunner:
     def not_leader(self, e: BaseException) -> NotLeader:
         return NotLeader(f"a worker refused our call, a newer leader owns it: {e}")
 
+    def record_lineage(self, k: int, segment: dict[str, Any]) -> None:
+        """Record (fenced) that the trainer group restarted to rejoin live training at step ``k``
+        (a later restart at the same step replaces it: only the one that trained on counts)."""
+        from controller import keys
+        from controller.store import Put
+
+        rec = {**segment, "at_step": k, "time": time.time()}
+        self.c.election.fenced_txn(success=[Put(keys.lineage(self.job, k), json.dumps(rec))])
+
     def want(self, group: str) -> int:
         return self._want(group)
 

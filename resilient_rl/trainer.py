@@ -205,7 +205,12 @@ class TrainerRank:
         if restore is not None:
             self._restore(Path(restore))
         self.member.update(status="ready", step=self.step)
-        return {"rank": self.rank, "step": self.step, "digest": self.digest() if self.rank == 0 else None}
+        return {
+            "rank": self.rank,
+            "step": self.step,
+            "digest": self.digest() if self.rank == 0 else None,
+            "threads": torch.get_num_threads(),  # part of the arithmetic: the lineage records it
+        }
 
     def _restore(self, path: Path) -> None:
         state = training_state(self.module, self.opt)

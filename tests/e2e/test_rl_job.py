@@ -12,6 +12,7 @@ import torch
 
 from controller import keys
 from resilient_rl.sampler import prompt_indices
+from tests.conftest import run_rrl
 from tests.e2e.conftest import LivePlatform, journal_samples, metrics
 
 pytestmark = pytest.mark.slow
@@ -231,6 +232,10 @@ def test_rescale_both_groups_mid_job(platform: LivePlatform, tmp_path: Path) -> 
         assert time.monotonic() < deadline, members
         time.sleep(0.2)
     assert jobs.get(platform.store, job).phase == "RUNNING"
+    k1 = jobs.lineage(platform.store, job)[-1]["at_step"]  # the world-1 group rejoined here
+    while (jobs.get(platform.store, job).state.get("checkpoint") or 0) <= k1:  # a snapshot written at world 1,
+        assert time.monotonic() < deadline + 120, "no snapshot at world 1"  # so the final weights go through it
+        time.sleep(0.2)
     jobs.scale(platform.store, job, rollout=1, trainer=2)
     rec = platform.wait(job)
     assert rec.phase == "SUCCEEDED", rec.state.get("reason")
@@ -241,6 +246,20 @@ def test_rescale_both_groups_mid_job(platform: LivePlatform, tmp_path: Path) -> 
         assert any(f"adding worker {w}" in m for m in msgs) and any(f"worker {w} drained" in m for m in msgs), msgs
     assert any("world size 2 -> 1" in m for m in msgs) and any("world size 1 -> 2" in m for m in msgs)
     _check_journal(work, steps, 4, 4, 3)
+    # the weights are a chain of segments (world 2, 1, 2): verify replays each as it ran, bit for bit
+    lineage = jobs.lineage(platform.store, job)
+    assert [s["world"] for s in lineage] == [2, 1, 2] and lineage[0]["at_step"] == 0, lineage
+    assert all(s["from_step"] <= s["at_step"] and s["strategy"] == "ddp" and s["threads"] >= 1 for s in lineage)
+    r = run_rrl("verify", job, "--etcd", platform.data["etcd"], timeout=600)
+    assert r.returncode == 0 and "match" in r.stdout and "mismatch" not in r.stdout, r.stdout + r.stderr
+    assert "3 segment(s)" in r.stdout and "at world 1" in r.stdout, r.stdout
+    # what verify did before the lineage: every step at the spec's world size; not what ran
+    from resilient_rl.spec import JobSpec
+    from resilient_rl.verify import replay_digest
+
+    naive = replay_digest(JobSpec.model_validate(rec.spec), steps, platform.data["ray"], platform.data["etcd"],
+                          segments=[])  # fmt: skip
+    assert naive != rec.state["weights_digest"]
 
 
 def test_trainer_killed_while_snapshot_is_written(platform: LivePlatform, tmp_path: Path) -> None:
@@ -331,3 +350,49 @@ def test_snapshot_restores_across_world_sizes(platform: LivePlatform, tmp_path: 
     assert abs(loss_two_next - loss_one_next) <= 1e-5 * max(abs(loss_one_next), 1e-3)
     close_enough(w_one_next, ray.get(ranks[0].state_dict.remote()))
     close(ranks)
+
+
+class _Leftover:
+    """Stands in for a worker a dead runner left running (the reaper only needs its name)."""
+
+    def shutdown(self) -> None:
+        return None
+
+    def ping(self) -> bool:
+        return True
+
+
+def test_leader_stops_workers_of_ended_jobs_it_finds_running(platform: LivePlatform, tmp_path: Path) -> None:
+    """A leader killed after a job ended leaves its workers up; the next leader lists the actual
+    Ray actors and stops those of terminal jobs (unknown jobs' actors are only reported)."""
+    from controller import events, jobs
+
+    ray = platform.ray()
+    cls = ray.remote(num_cpus=0)(_Leftover)
+    names = ["rrl:e2e-leak:rollout:0", "rrl:e2e-leak:trainer:3", "rrl:e2e-ghost:rollout:0"]
+    actors = [cls.options(name=n, namespace="rrl", lifetime="detached").remote() for n in names]
+    assert ray.get([a.ping.remote() for a in actors]) == [True] * 3
+    spec = _spec("e2e-leak", tmp_path / "w")
+    from resilient_rl.spec import parse_spec
+
+    s = parse_spec(spec)
+    jobs.submit(platform.store, s.name, s.to_json(), {"rollout": 1, "trainer": 1, "cancel": True})
+    assert platform.wait("e2e-leak", timeout=60).phase == "CANCELLED"
+    deadline = time.monotonic() + 60
+    while True:
+        alive = []
+        for n in names:
+            try:
+                ray.get_actor(n, namespace="rrl")
+                alive.append(n)
+            except ValueError:
+                pass
+        if alive == ["rrl:e2e-ghost:rollout:0"]:
+            break
+        assert time.monotonic() < deadline, f"still running: {alive}"
+        time.sleep(0.5)
+    reaped = [e for e in events.read(platform.store, "e2e-leak", limit=100) if e["kind"] == "workers_reaped"]
+    assert reaped and reaped[0]["count"] == 2, reaped
+    log = (platform.home / "logs" / "controller-0.log").read_text()
+    assert "actor rrl:e2e-ghost:rollout:0 belongs to no job in etcd: left alone" in log
+    ray.kill(ray.get_actor("rrl:e2e-ghost:rollout:0", namespace="rrl"))
