@@ -33,9 +33,12 @@ class Registration:
     """A worker's membership key, kept alive on its own lease.
 
     ``update(**fields)`` merges fields (status, version, progress...) into the
-    value and writes it; ``progress_at`` is stamped on every update. Writes that
-    fail because etcd is unreachable are kept and retried by the keep-alive
-    thread, so a worker never blocks on etcd.
+    value and returns at once: the registration's own thread writes it, coalescing
+    updates that arrive while a write is in progress or etcd is unreachable (the
+    newest value wins). ``progress_at`` is stamped when ``update`` is called, not
+    when the write lands. So a worker's step never waits on etcd: an etcd outage
+    used to stall ``train_step`` and ``generate_shard`` for the store's whole retry
+    window.
     """
 
     def __init__(self, store: Store, job: str, group: str, worker: str, *, ttl: int = 5, **fields: Any) -> None:
@@ -50,8 +53,10 @@ class Registration:
         }
         self._lock = threading.Lock()
         self._lease: KeptLease | None = None
-        self._dirty = True
+        self._gen, self._written = 1, 0  # value generation, and the newest one etcd has
         self._closed = threading.Event()
+        self._wake = threading.Event()
+        self.info["progress_at"] = time.time()
         self._register()
         self._thread = threading.Thread(target=self._run, name=f"member:{worker}", daemon=True)
         self._thread.start()
@@ -61,33 +66,60 @@ class Registration:
         return self._lease.id if self._lease else 0
 
     def _register(self) -> None:
+        """Write the value if it changed; first a new lease if the old one was lost. etcd is
+        called outside the lock (``update`` takes it)."""
         with self._lock:
-            if self._lease is None or self._lease.lost:
-                if self._lease is not None:
-                    self._lease.stop()
-                self._lease = self.store.keep_lease(self.ttl)
-                self._dirty = True
-            if self._dirty:
-                self.info["progress_at"] = time.time()
-                self.store.put(self.key, json.dumps(self.info), lease=self._lease.id)
-                self._dirty = False
+            old = self._lease
+        if old is None or old.lost:
+            if old is not None:
+                old.stop()
+            new = self.store.keep_lease(self.ttl)
+            with self._lock:
+                if self._closed.is_set():
+                    new.revoke()
+                    return
+                self._lease, self._written = new, 0  # a new lease: the key must be written again
+        with self._lock:
+            assert self._lease is not None
+            value, lease, gen = json.dumps(self.info), self._lease.id, self._gen
+            if gen == self._written:
+                return
+        self.store.put(self.key, value, lease=lease)  # outside the lock: update() never waits for etcd
+        with self._lock:
+            if self._lease is not None and self._lease.id == lease:
+                self._written = max(self._written, gen)
 
     def update(self, **fields: Any) -> None:
-        """Merge ``fields`` into the member value and write it (best effort, see class doc)."""
+        """Merge ``fields`` into the member value; written soon by the registration's thread
+        (see class doc). Never blocks on etcd."""
         with self._lock:
             self.info.update(fields)
-            self._dirty = True
-        try:
-            self._register()
-        except EtcdError as e:
-            log.info("member %s: update deferred, etcd unreachable: %s", self.key, e)
+            self.info["progress_at"] = time.time()
+            self._gen += 1
+        self._wake.set()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until the newest value is written; False if it is not within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._written == self._gen:
+                    return True
+            self._wake.set()
+            time.sleep(0.02)
+        return False
 
     def _run(self) -> None:
-        while not self._closed.wait(min(1.0, self.ttl / 3.0)):
+        period = min(1.0, self.ttl / 3.0)
+        while not self._closed.is_set():
+            self._wake.wait(period)
+            self._wake.clear()
+            if self._closed.is_set():
+                return
             try:
                 self._register()
             except EtcdError as e:
-                log.debug("member %s: re-register failed: %s", self.key, e)
+                log.debug("member %s: write deferred, etcd unreachable: %s", self.key, e)
 
     def close(self) -> None:
         """Leave: revoke the lease (the key vanishes at once)."""

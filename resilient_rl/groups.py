@@ -343,16 +343,26 @@ class TrainerGroup:
         found = [_find_actor(self.r.actor_name("trainer", i), self.r.namespace) for i in range(world)]
         if not found or any(a is None for a in found):
             return None
-        try:
-            status = ray.get(
-                [a.adopt.remote(self.r.token, self.r.spec.digest()) for a in found],
-                timeout=max(60.0, self.r.spec.fault.hang_timeout),
-            )
-        except Exception as e:
-            if _is_stale(e):
-                raise self.r.not_leader(e) from None
-            log.warning("job %s: trainer ranks not adoptable (%s): restarting them", self.r.job, describe_error(e))
-            return None
+        # adopt answers from its own concurrency group: a rank that cannot answer within the lease
+        # TTL and a few seconds is frozen or gone; one still training is asked again until done
+        answer_s = self.r.spec.fault.lease_ttl + 5.0
+        settle_by = time.monotonic() + self.r.spec.fault.hang_timeout
+        while True:
+            try:
+                status = ray.get([a.adopt.remote(self.r.token, self.r.spec.digest()) for a in found], timeout=answer_s)
+            except Exception as e:
+                if _is_stale(e):
+                    raise self.r.not_leader(e) from None
+                log.warning("job %s: trainer ranks not adoptable (%s): restarting them", self.r.job, describe_error(e))
+                return None
+            if not any(x.get("busy") for x in status):
+                break
+            if time.monotonic() > settle_by:
+                log.warning("job %s: trainer ranks still in the previous leader's step after %.0fs (hang_timeout): "
+                            "restarting them", self.r.job, self.r.spec.fault.hang_timeout)  # fmt: skip
+                return None
+            self.r.check_leader()
+            time.sleep(0.2)
         steps = {x["step"] for x in status}
         if len(steps) != 1 or {x["world"] for x in status} != {world} or not steps <= {k, k + 1}:
             log.warning("job %s: trainer ranks at steps %s (world %s), etcd says %d: restarting them",

@@ -96,8 +96,9 @@ def _node_id() -> str | None:
 
 def trainer_actor() -> Any:
     """``TrainerRank`` as a Ray actor class, with the ``io`` concurrency group its snapshot
-    waits run in (beside training). Use this, never a bare ``ray.remote(TrainerRank)``."""
-    return ray.remote(concurrency_groups={"io": 1})(TrainerRank)
+    waits run in (beside training) and the ``control`` group ``adopt`` answers from (a new
+    leader must not queue behind a train step that may never end). Use this, never a bare ``ray.remote(TrainerRank)``."""
+    return ray.remote(concurrency_groups={"io": 1, "control": 1})(TrainerRank)
 
 
 def _disk_note(path: Path) -> str:
@@ -137,14 +138,19 @@ class TrainerRank:
         self._pending: tuple[PendingSnapshot | str, Path, int, float] | None = None
         self.fence = 0  # newest leader token seen (see check_fence)
         self.last: dict[str, Any] | None = None  # the result of the newest train_step
+        self._training: int | None = None  # the step a train_step is working on (read by adopt)
 
+    @ray.method(concurrency_group="control")
     def adopt(self, token: int, spec_digest: str) -> dict[str, Any]:
         """A (new) leader takes this rank over: raise the fence, report where the rank is.
 
-        Runs in the default group, so it answers only after a train step in progress
-        (sent by the previous leader) has finished: ``step`` is then settled. A
-        snapshot the previous leader left in flight is waited for and abandoned (it
-        was never committed; its folder is collected as garbage).
+        Runs in its own concurrency group, so it answers at once even while a train step
+        sent by the previous leader runs (or hangs in a collective whose peer died):
+        ``busy`` is then True and ``step`` / ``last`` are not settled; the leader asks
+        again until it is False, within its own deadline. The fence is raised first, so
+        nothing the old leader sends after this is applied. A snapshot the previous
+        leader left in flight is waited for and abandoned (it was never committed; its
+        folder is collected as garbage).
         """
         check_fence(self.fence, token, "adopt")
         if spec_digest != self.spec.digest():
@@ -156,10 +162,12 @@ class TrainerRank:
                 with contextlib.suppress(SnapshotError):
                     pending.wait()
             self._pending = None
+        busy = self._training is not None
         last = None
-        if self.last is not None:
+        if self.last is not None and not busy:
             last = {k: v for k, v in self.last.items() if k != "weights"}
-        return {"rank": self.rank, "world": self.world, "step": self.step, "pid": os.getpid(), "last": last}
+        return {"rank": self.rank, "world": self.world, "step": self.step, "pid": os.getpid(), "last": last,
+                "busy": busy}  # fmt: skip
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group (called on rank 0 only)."""
@@ -305,6 +313,13 @@ class TrainerRank:
         check_fence(self.fence, token, f"train step {step}")
         if step != self.step:
             raise RuntimeError(f"rank {self.rank} is at step {self.step}, asked to train step {step}")
+        self._training = step
+        try:
+            return self._train_step(step, publish)
+        finally:
+            self._training = None
+
+    def _train_step(self, step: int, publish: bool) -> dict[str, Any]:
         samples = self.journal.read_batch(step)
         # the batch order is (shard, position): deterministic whatever worker made it
         n = self.spec.rollout.sampling.n

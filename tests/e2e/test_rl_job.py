@@ -396,3 +396,42 @@ def test_leader_stops_workers_of_ended_jobs_it_finds_running(platform: LivePlatf
     log = (platform.home / "logs" / "controller-0.log").read_text()
     assert "actor rrl:e2e-ghost:rollout:0 belongs to no job in etcd: left alone" in log
     ray.kill(ray.get_actor("rrl:e2e-ghost:rollout:0", namespace="rrl"))
+
+
+def test_adopt_answers_at_once_while_a_rank_is_stuck_in_a_collective(platform: LivePlatform, tmp_path: Path) -> None:
+    """A new leader adopts ranks left by the old one; a rank whose peer is frozen hangs in the
+    step's all-reduce. adopt runs in its own concurrency group, so it answers `busy` at once
+    instead of queueing behind that step (the new leader used to wait 60 s, then restart)."""
+    import os
+    import signal
+
+    from checkpoints.journal import Journal
+    from resilient_rl.model_init import make_tiny_model
+    from resilient_rl.spec import parse_spec
+    from resilient_rl.tasks import VOCAB_CHARS
+    from resilient_rl.trainer import trainer_actor
+
+    work = tmp_path / "w"
+    spec = parse_spec(_spec("e2e-stuck", work, trainer={"replicas": 2}))
+    model_dir = str(make_tiny_model(work / "model", spec.model.init, VOCAB_CHARS))
+    journal = Journal(work / "journal")
+    samples = [{"prompt_index": 0, "sample": i, "prompt_ids": [3, 4, 5], "token_ids": [6, 7, 1], "reward": i / 4,
+                "version": 0, "logprobs": [None] * 3} for i in range(4)]  # fmt: skip
+    journal.commit_batch(0, [journal.write_shard(0, 0, samples, {})])
+    ray = platform.ray()
+    cls = trainer_actor().options(num_cpus=0.1)
+    ranks = [cls.remote("e2e-stuck", r, 2, spec.to_json(), model_dir, str(work), platform.data["etcd"]) for r in (0, 1)]
+    try:
+        master = ray.get(ranks[0].address.remote())
+        ray.get([r.setup.remote(master) for r in ranks], timeout=120)
+        pid1 = ray.get(ranks[1].adopt.remote(1, spec.digest()), timeout=30)["pid"]
+        os.kill(pid1, signal.SIGSTOP)  # rank 1 frozen: rank 0's step waits in the all-reduce
+        stuck = ranks[0].train_step.remote(0, False, 1)
+        time.sleep(2)
+        assert not ray.wait([stuck], timeout=0)[0]
+        status = ray.get(ranks[0].adopt.remote(2, spec.digest()), timeout=15)
+        assert status["busy"] is True and status["step"] == 0 and status["last"] is None
+        os.kill(pid1, signal.SIGKILL)
+    finally:
+        for r in ranks:
+            ray.kill(r)

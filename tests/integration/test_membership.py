@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from controller import keys
@@ -61,4 +62,29 @@ def test_worker_reregisters_after_etcd_loses_its_lease(etcd: EtcdServer) -> None
             break
         assert time.monotonic() < deadline, "worker did not re-register after the etcd outage"
         time.sleep(0.2)
+    reg.close()
+
+
+def test_update_never_waits_for_etcd_and_the_newest_value_lands_when_it_is_back(etcd: EtcdServer) -> None:
+    """A worker's step calls update(): with etcd frozen (SIGSTOP) it used to block for the store's
+    whole retry window (30 s in workers) inside train_step / generate_shard."""
+    import os
+    import signal
+
+    store = etcd.store(timeout=2.0, retry_window=30.0)  # what workers use
+    reg = Registration(store, "job-d", "trainer", "0", ttl=5, step=0)
+    assert etcd.proc is not None
+    os.kill(etcd.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        for step in range(1, 51):
+            reg.update(status="busy", step=step)
+        took = time.monotonic() - t0
+        assert not reg.flush(timeout=0.5)  # nothing can be written while etcd is frozen
+    finally:
+        os.kill(etcd.proc.pid, signal.SIGCONT)
+    assert took < 1.0, f"50 updates took {took:.1f}s with etcd frozen"  # a hang guard, not a benchmark
+    assert reg.flush(timeout=30)
+    kv = etcd.store().get(keys.member("job-d", "trainer", "0"))
+    assert kv is not None and json.loads(kv.value)["step"] == 50  # coalesced: the newest value won
     reg.close()
