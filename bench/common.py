@@ -160,5 +160,6 @@ def run_job(client: Any, spec: dict[str, Any], timeout: float = 3600.0, progress
 
 def job_metrics(home: Path, name: str) -> list[dict[str, Any]]:
     """The rows of ``{home}/jobs/{name}/metrics.jsonl`` (one per committed step)."""
-    path = home / "jobs" / name / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from controller import steplog
+
+    return steplog.read(home / "jobs" / name / "metrics.jsonl")

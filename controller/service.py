@@ -79,6 +79,8 @@ class Controller:
         self._events: dict[str, EventLog] = {}
         self._stop = threading.Event()
         self._lease: KeptLease | None = None
+        self._outage: float | None = None  # wall time etcd was first unreachable, until a leader records it
+        self._outage_lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -93,12 +95,35 @@ class Controller:
                 self._lead()
             except EtcdError as e:
                 log.warning("controller %s: etcd error: %s; retrying", self.id, e)
+                self.note_etcd_error()
                 self._stop.wait(1.0)
         self._release()
 
     def stop(self) -> None:
         self._stop.set()
         self.election.stop()
+
+    def note_etcd_error(self) -> None:
+        """etcd could not be reached (by this controller or a driver of it): the start of an
+        outage, recorded as a ``etcd_lost`` / ``etcd_back`` event pair on every running job
+        once a leader of this process can write again (events cannot be written during it)."""
+        with self._outage_lock:
+            if self._outage is None:
+                self._outage = time.time()
+
+    def _record_outage(self, recs: list[jobs.JobRecord]) -> None:
+        with self._outage_lock:
+            since, self._outage = self._outage, None
+        if since is None:
+            return
+        secs = round(time.time() - since, 1)
+        for rec in recs:
+            if rec.phase in jobs.TERMINAL or not rec.state:
+                continue
+            self.event(rec.id, "etcd_lost", f"etcd unreachable from controller {self.id} since "
+                       f"{time.strftime('%H:%M:%S', time.localtime(since))}", since=since, group="etcd")  # fmt: skip
+            self.event(rec.id, "etcd_back", f"etcd reachable again after {secs}s", seconds=secs, since=since,
+                       group="etcd")  # fmt: skip
 
     def _register(self, role: str) -> None:
         if self._lease is None or self._lease.lost:
@@ -123,6 +148,7 @@ class Controller:
         try:
             while not self._stop.is_set() and self.election.is_leader:
                 recs = jobs.list_all(self.store, detail=False)
+                self._record_outage(recs)
                 for rec in recs:
                     self.reconcile(rec, leader_changed=first)
                 first = False

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from checkpoints.snapshots import SnapshotCorrupt, collect_garbage, retained, snapshot_dir, verify
+from checkpoints.snapshots import SnapshotCorrupt, collect_garbage, list_snapshots, retained, snapshot_dir, verify
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,6 @@ class SnapshotFlow:
         self.group = trainers  # a TrainerGroup: its ranks change when it restarts
         self.root = Path(runner.workdir) / "snapshots"
         self.every = runner.spec.checkpoint.every
-        self.keep = runner.spec.checkpoint.keep
         self.waits: list[Any] = []
         self.step: int | None = None
         self.blocking_s = 0.0
@@ -86,14 +85,47 @@ class SnapshotFlow:
         self._collect()
 
     def _collect(self) -> None:
-        """Retention: forget all but the newest ``keep`` records, remove every other folder."""
-        committed = [c["step"] for c in self.r.c.checkpoints(self.r.job)]
-        keep = retained(committed, self.keep) if committed else set()
-        for step in set(committed) - keep:
-            self.r.c.forget_checkpoint(self.r.job, step)
-        if self.step is not None:
-            keep.add(self.step)  # in flight: not garbage
-        collect_garbage(self.root, keep)
+        _retain(self.r, self.step)
+
+
+def _retain(runner: Any, in_flight: int | None = None) -> None:
+    """Retention: forget all but the newest ``checkpoint.keep`` records, remove every other
+    folder but the one of the snapshot ``in_flight``."""
+    committed = [c["step"] for c in runner.c.checkpoints(runner.job)]
+    keep = retained(committed, runner.spec.checkpoint.keep) if committed else set()
+    for step in set(committed) - keep:
+        runner.c.forget_checkpoint(runner.job, step)
+    if in_flight is not None:
+        keep.add(in_flight)  # in flight: not garbage
+    collect_garbage(Path(runner.workdir) / "snapshots", keep)
+
+
+def close_inflight(runner: Any) -> list[int]:
+    """At take-over: close every snapshot a previous leader left in flight (a folder without
+    an etcd record), so none vanishes unrecorded. One whose manifest is there and verifies
+    (the leader died between the manifest and its record) is committed now; any other
+    (its writers were killed, or abandoned at adopt) is recorded ``snapshot_failed`` and
+    collected. Call once the adopted ranks have no write in progress. Returns the steps
+    committed here."""
+    root = Path(runner.workdir) / "snapshots"
+    committed = {c["step"] for c in runner.c.checkpoints(runner.job)}
+    done = []
+    for step, path in list_snapshots(root):
+        if step in committed:
+            continue
+        try:
+            m = verify(path)
+        except SnapshotCorrupt as e:
+            runner.c.event(runner.job, "snapshot_failed", f"snapshot at step {step} was left unfinished by the "
+                           f"previous leader ({e}): collected", step=step, cause="take_over")  # fmt: skip
+            continue
+        runner.c.record_checkpoint(runner.job, step, {"step": step, "uri": str(m.path), "digest": m.digest,
+                                                      "bytes": m.bytes})  # fmt: skip
+        runner.c.event(runner.job, "snapshot", f"snapshot at step {step} committed ({m.bytes} bytes): complete "
+                       "and verified, its record lost with the previous leader", step=step, cause="take_over")  # fmt: skip
+        done.append(step)
+    _retain(runner)
+    return done
 
 
 def choose_restore(runner: Any, at_step: int) -> tuple[str | None, int]:

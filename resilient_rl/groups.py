@@ -106,13 +106,16 @@ class RolloutGroup:
         """Start worker ``i``; it joins ``idle`` once it holds ``version`` (async)."""
         self._join(i, self._create(i), version, weights)
 
-    def start(self, n: int, version: int, weights: Any) -> int:
+    def start(self, n: int, version: int, weights: Any, was_running: bool = False) -> int:
         """Bring the group to ``n`` workers holding ``version`` and wait for all of them:
         workers of this job found running are adopted, missing ones started, extra
-        ones stopped. Returns how many were adopted."""
+        ones stopped. With ``was_running`` (a take-over of a running job) a missing
+        worker was lost while no leader watched: a ``rollout_fault``, and its join is
+        its recovery. Returns how many were adopted."""
         import ray
 
         adopted = 0
+        missing = []
         for i in range(max(n, 16, self.r.spec.rollout.max_replicas or 0)):
             a = _find_actor(self.r.actor_name("rollout", i), self.r.namespace)
             if i >= n:
@@ -123,7 +126,13 @@ class RolloutGroup:
                 self._join(i, a, version, weights)
                 adopted += 1
             else:
+                missing.append(i)
                 self.add(i, version, weights)
+        if was_running:
+            for i in missing:
+                self.fault_at[i] = time.monotonic()
+                self.r.c.event(self.r.job, "rollout_fault", f"rollout worker {i} was gone at take-over: "
+                               "starting a replacement", worker=i, group="rollout", cause="take_over")  # fmt: skip
         limit = self.join_limit()
         for ref, (i, sent) in list(self.joining.items()):
             while not ray.wait([ref], timeout=1.0)[0] and time.monotonic() - sent < limit:
@@ -139,6 +148,11 @@ class RolloutGroup:
                 continue
             del self.joining[ref]
             self.idle.add(i)
+            t = self.fault_at.pop(i, None)
+            if t is not None:
+                rs = round(time.monotonic() - t, 2)
+                self.r.c.event(self.r.job, "rollout_joined", f"rollout worker {i} joined at policy v{version}, "
+                               f"{rs}s after its fault", worker=i, version=version, recovery_s=rs)  # fmt: skip
         return adopted
 
     def join_limit(self) -> float:
@@ -391,17 +405,17 @@ class TrainerGroup:
                                f"({describe_error(e)}): starting the group again", world=world)  # fmt: skip
                 self.budget.spend()
 
-    def restart(self, k: int, world: int, why: str) -> Any:
-        """A rank died (or the world size changes): restart the whole group at step ``k``.
-        Returns the weights of version k (as :meth:`start`)."""
+    def restart(self, k: int, world: int, why: str, *, cause: str = "fault", resize: bool = False) -> Any:
+        """A rank died (or the world size changes, ``resize``): restart the whole group at step
+        ``k``. Returns the weights of version k (as :meth:`start`)."""
         self.r.check_leader()
         t0 = time.monotonic()
         self.r.c.event(self.r.job, "trainer_restart", f"{why}: restarting {world} trainer ranks at step {k}",
-                       world=world)  # fmt: skip
+                       world=world, group="trainer", cause=cause, resize=resize)  # fmt: skip
         self.budget.spend()
         weights = self.start_retrying(k, world)
         self.r.c.event(self.r.job, "trainer_recovered", f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",
-                       seconds=round(time.monotonic() - t0, 2), world=world)  # fmt: skip
+                       seconds=round(time.monotonic() - t0, 2), world=world, group="trainer", resize=resize)  # fmt: skip
         return weights
 
     def kill(self) -> None:

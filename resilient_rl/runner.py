@@ -31,12 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints.journal import Journal, ShardRef
+from controller import steplog
 from controller.election import NotLeader
 from controller.jobs import TERMINAL, JobRecord
 from controller.store import EtcdError
 
 from .autoscale import Autoscaler
-from .checkpointing import SnapshotFlow
+from .checkpointing import SnapshotFlow, close_inflight
 from .groups import RolloutGroup, TrainerGroup, describe_error
 from .reward_guard import RewardErrorWindow
 from .sampler import prompt_indices
@@ -80,7 +81,10 @@ class JobRunner:
         # sequence, so a runner started later by the *same* leader (after a lease flicker) also fences
         # out the one before it
         self.token = int(controller.election.token) * 1_000_000 + next(_RUNNER_SEQ)
-        self.faults: list[tuple[str, float]] = []  # (kind, detected at) awaiting the next committed step
+        # (kind, wall-clock time detected) awaiting the next committed step; kept in the job's state
+        # too (open_faults), so a leader that dies before that step still gets its faults' recovery
+        # recorded by the next one
+        self.faults: list[tuple[str, float]] = []
         r = self.spec.rollout
         lo, hi = r.min_replicas or r.replicas, r.max_replicas or r.replicas
         self.autoscaler = Autoscaler(lo, hi, self._want("rollout")) if lo < hi else None
@@ -123,6 +127,7 @@ class JobRunner:
         except NotLeader as e:
             log.warning("job %s: %s; the next leader takes over", self.job, e)
         except EtcdError as e:  # the workers keep running; the next leader term re-adopts them
+            self.c.note_etcd_error()
             log.warning("job %s: etcd unreachable (%s): stepping back; a new runner re-adopts the workers", self.job, e)
         except JobFailed as e:
             self._finish("FAILED", str(e))
@@ -135,13 +140,16 @@ class JobRunner:
 
         state = self.c.read_state(self.job)
         k = int(state.get("step", 0))
+        # faults a previous leader detected that no commit has followed yet
+        self.faults = [(str(kind), float(t)) for kind, t in state.get("open_faults") or []]
+        was_running = state.get("phase") == "RUNNING"  # its workers existed: missing ones were lost
         self.reward_errors = int(state.get("reward_errors") or 0)  # this runner is the one writer from here
         self.c.update_state(self.job, expect=live, phase="RUNNING", started_at=state.get("started_at") or time.time())
         self.c.event(self.job, "running", f"{'resuming at step ' + str(k) if k else 'starting'}: "
                      f"{self._want('rollout')} rollout / {self._want('trainer')} trainer workers")  # fmt: skip
         self._ray_init()
         model_dir = self._ensure_model()
-        k = self._take_over(k, model_dir)
+        k = self._take_over(k, model_dir, was_running)
         snaps = self._loop(SnapshotFlow(self, self.trainers), k)
         if self._stop.is_set():
             return
@@ -150,7 +158,7 @@ class JobRunner:
         self._kill_workers()
         self._finish("SUCCEEDED", None)
 
-    def _take_over(self, k: int, model_dir: str) -> int:
+    def _take_over(self, k: int, model_dir: str, was_running: bool = False) -> int:
         """Bring both groups up at committed step ``k``; returns the step to run next.
 
         One path for a fresh start, a new leader and a leader back from an etcd
@@ -165,7 +173,15 @@ class JobRunner:
         self.trainers = TrainerGroup(self, model_dir)
         self.rollouts = RolloutGroup(self, model_dir)
         got = self.trainers.adopt(k, self._want("trainer"))
-        if got is None:
+        if got is None and was_running:  # ranks lost or stuck while no leader watched: a fault too
+            self._fault("trainer_fault")
+            self.version, self.weights = (
+                k,
+                self.trainers.restart(
+                    k, self._want("trainer"), "trainer ranks not adoptable at take-over", cause="take_over"
+                ),
+            )
+        elif got is None:
             self.trainers.kill()
             self.version, self.weights = k, self.trainers.start_retrying(k, self._want("trainer"))
         else:
@@ -179,7 +195,8 @@ class JobRunner:
                              "previous leader: committed now", step=k)  # fmt: skip
                 k += 1
             self.version = k
-        adopted = self.rollouts.start(self._want("rollout"), self.version, self.weights)
+        close_inflight(self)  # no rank writes a snapshot now (adopted ones waited theirs out)
+        adopted = self.rollouts.start(self._want("rollout"), self.version, self.weights, was_running)
         if got is not None or adopted:
             self.c.event(self.job, "adopted", f"took over {self.trainers.world if got else 0} running trainer ranks "
                          f"and {adopted} rollout workers at step {k} in {time.monotonic() - t0:.1f}s",
@@ -264,7 +281,7 @@ class JobRunner:
             lost = _actor_error(finished)
             if lost is not None:  # a rank died (its peers may hang in a collective): restart the group
                 train_refs = []
-                self.faults.append(("trainer_fault", time.monotonic()))
+                self._fault("trainer_fault")
                 w = self.trainers.restart(k, self.trainers.world, f"trainer rank lost ({type(lost).__name__})")
                 self.weights = w if w is not None else self.weights  # re-published: the old owner may be gone
                 snaps = SnapshotFlow(self, self.trainers)
@@ -286,7 +303,8 @@ class JobRunner:
                 if self._want("trainer") != self.trainers.world and k < spec.steps:
                     snaps.poll(block=True)
                     w = self.trainers.restart(k, self._want("trainer"), f"world size {self.trainers.world} -> "
-                                              f"{self._want('trainer')} requested")  # fmt: skip
+                                              f"{self._want('trainer')} requested", cause="scale",
+                                              resize=True)  # fmt: skip
                     self.weights = w if w is not None else self.weights
                     snaps = SnapshotFlow(self, self.trainers)
                 t_step = time.monotonic()
@@ -299,7 +317,7 @@ class JobRunner:
                     result = ray.get(ref)
                 except RayActorError as e:  # the worker died: its shard goes back to the queue
                     queue.appendleft((step, shard, idx))
-                    self.faults.append(("rollout_fault", time.monotonic()))
+                    self._fault("rollout_fault")
                     rollouts.fault(w, e)
                     continue
                 except Exception as e:
@@ -329,18 +347,24 @@ class JobRunner:
             self.c.event(self.job, "rollout_hang", f"rollout worker {w} made no progress on shard {step}/{shard} "
                          f"for {now - sent:.1f}s (hang_timeout {limit:g}s)", worker=w,
                          detection_s=round(now - sent, 2))  # fmt: skip
-            self.faults.append(("rollout_hang", now))
+            self._fault("rollout_hang")
             self.rollouts.fault(w, TimeoutError(f"hung for {now - sent:.0f}s"))
         for w in self.rollouts.overdue_joins():
             self.c.event(self.job, "rollout_hang", f"rollout worker {w} did not join within "
                          f"{self.rollouts.join_limit():g}s", worker=w)  # fmt: skip
-            self.faults.append(("rollout_hang", now))
+            self._fault("rollout_hang")
             self.rollouts.fault(w, TimeoutError("join timed out"))
+
+    def _fault(self, kind: str) -> None:
+        """A fault was detected: remember it (in etcd too) until the next committed step."""
+        self.faults.append((kind, time.time()))
+        self.c.update_state(self.job, expect=live, open_faults=[list(f) for f in self.faults])
 
     def _note_recoveries(self, step: int) -> None:
         """Faults since the last commit are recovered from as far as the job goes: record
-        the time from each detection to this committed step (``rrl events`` shows it)."""
-        now = time.monotonic()
+        the time from each detection to this committed step (``rrl events`` shows it). The
+        commit itself cleared ``open_faults`` in etcd."""
+        now = time.time()
         for kind, t in self.faults:
             self.c.event(self.job, "recovered", f"step {step} committed {now - t:.1f}s after a {kind}",
                          fault=kind, step=step, seconds=round(now - t, 2))  # fmt: skip
@@ -373,7 +397,7 @@ class JobRunner:
         return out
 
     def _commit(self, k: int, r0: dict[str, Any], shards: dict[int, dict[str, Any]], secs: float) -> dict[str, Any]:
-        """Commit step k in etcd (fenced; refuses a double apply), then record metrics."""
+        """Record step k's metrics line, then commit k in etcd (fenced; refuses a double apply)."""
         tokens = sum(x["tokens"] for x in shards.values())
         metrics = {
             "step": k,
@@ -386,6 +410,10 @@ class JobRunner:
             "versions": sorted({x["version"] for x in shards.values()}),
         }
         errors = metrics["reward_errors"]
+        self.check_leader()
+        # the line first: a leader killed between the two writes must not lose a committed step's
+        # line; a line without its commit is dropped by every reader (controller/steplog.py)
+        steplog.append(self.workdir / "metrics.jsonl", {**metrics, "time": time.time()})
         self.c.update_state(
             self.job,
             expect=lambda cur: committable(cur, k),
@@ -395,10 +423,9 @@ class JobRunner:
             tokens_per_s=metrics["tokens_per_s"],
             step_seconds=metrics["step_seconds"],
             reward_errors=self.reward_errors + errors,
+            open_faults=[],  # recovered by this commit (the events follow, _note_recoveries)
         )
         self.reward_errors += errors
-        with open(self.workdir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({**metrics, "time": time.time()}) + "\n")
         self._guard_rewards(k, errors, shards)
         return metrics
 

@@ -148,7 +148,8 @@ class History:
             points = self._read_file(rec.id, path) if path is not None else None
             if not points:
                 points = dict(self._seen.get(rec.id, {}))
-            return [points[k] for k in sorted(points)]
+            committed = int(rec.state.get("step") or 0)  # a line is written just before its commit
+            return [points[k] for k in sorted(points) if k <= committed]
 
     def _read_file(self, job: str, path: Path) -> dict[int, dict[str, Any]] | None:
         cached = self._files.get(job)
@@ -168,6 +169,8 @@ class History:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 m = json.loads(line)
                 k = int(m["step"]) + 1
+                if k in points:  # the first line of a step is the one in commit order (steplog.py)
+                    continue
                 points[k] = {
                     "step": k,
                     "reward": m.get("reward"),

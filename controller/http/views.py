@@ -27,8 +27,11 @@ ROLLOUT_FAULTS = ("rollout_fault", "rollout_hang")
 
 
 def is_fault(ev: dict[str, Any]) -> bool:
-    # a trainer restart is also how the trainer group is resized ("world size 2 -> 1: ...")
+    # a trainer restart is also how the trainer group is resized: the event says which (`resize`);
+    # events written before that field read the message, as they always did
     if ev.get("kind") == "trainer_restart":
+        if "resize" in ev:
+            return not ev["resize"]
         return not str(ev.get("message", "")).startswith("world size")
     return ev.get("kind") in FAULT_KINDS
 

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -199,7 +198,7 @@ def _finish(
     )  # fmt: skip
     results = check_all(art)
     evs = events_mod.read(store, spec.name, limit=100_000)
-    metrics = _metrics(workdir)
+    metrics = _metrics(workdir, int(rec.state.get("step") or 0))
     commits = measure._commit_times(timeline, metrics)
     starts = sorted(r["injected_at"] for r in records if r.get("injected_at"))
     for r in records:
@@ -234,18 +233,10 @@ def _num_shards(spec: Any) -> int:
     return min(spec.prompts_per_step, spec.rollout.shards_per_step or spec.rollout.replicas)
 
 
-def _metrics(workdir: Path) -> list[dict[str, Any]]:
-    try:
-        lines = (workdir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a torn last line of a killed leader
-    return out
+def _metrics(workdir: Path, committed: int | None = None) -> list[dict[str, Any]]:
+    from controller import steplog
+
+    return steplog.read(workdir / "metrics.jsonl", committed)
 
 
 def _replays(

@@ -3,7 +3,6 @@ shared by the end-to-end tests of this folder, torn down by PID afterwards."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -81,4 +80,6 @@ def journal_samples(workdir: Path, step: int) -> list[dict[str, Any]]:
 
 
 def metrics(workdir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    from controller import steplog
+
+    return steplog.read(workdir / "metrics.jsonl")

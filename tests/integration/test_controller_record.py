@@ -91,3 +91,52 @@ def test_cancel_takes_effect_while_the_driver_is_busy_and_its_late_writes_are_re
     finally:
         c.stop()
         t.join(timeout=10)
+
+
+class IdleDriver:
+    def __init__(self, controller: Controller, rec: jobs.JobRecord) -> None:
+        controller.update_state(rec.id, phase="RUNNING")
+
+    def reconcile(self, rec: jobs.JobRecord) -> None:
+        return None
+
+    def stop(self, final: bool) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_an_etcd_outage_is_an_event_pair_with_its_length(etcd: EtcdServer) -> None:
+    import os
+    import signal
+
+    from controller import events
+
+    store = etcd.store()
+    c = Controller(etcd.store(timeout=0.5, retry_window=1.0), "ctl-a", ttl=2, driver_factory=IdleDriver,
+                   interval=0.2)  # fmt: skip
+    t = threading.Thread(target=c.run, daemon=True)
+    t.start()
+    try:
+        job_id, spec_json, desired = _validate_spec({"name": "calm", "model": {"init": {}}, "steps": 5})
+        jobs.submit(store, job_id, spec_json, desired)
+        deadline = time.monotonic() + 10
+        while jobs.get(store, "calm").phase != "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert etcd.proc is not None
+        os.kill(etcd.proc.pid, signal.SIGSTOP)
+        time.sleep(4)
+        os.kill(etcd.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while True:
+            evs = {e["kind"]: e for e in events.read(store, "calm", limit=100)}
+            if "etcd_back" in evs:
+                break
+            assert time.monotonic() < deadline, sorted(evs)
+            time.sleep(0.2)
+        assert "etcd_lost" in evs and evs["etcd_lost"]["since"] == evs["etcd_back"]["since"]
+        assert 2.5 <= evs["etcd_back"]["seconds"] <= 30, evs["etcd_back"]
+        assert evs["etcd_back"]["message"].startswith("etcd reachable again after")
+    finally:
+        c.stop()
+        t.join(timeout=10)
