@@ -16,9 +16,11 @@ after a trainer fault possible without regenerating anything.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +29,32 @@ from typing import Any
 
 class JournalCorrupt(Exception):
     """A journal file is missing, unreadable or does not match its digest."""
+
+
+class JournalFull(OSError):
+    """The journal's disk is full (or over quota): nothing was written. ``path`` is the
+    journal root, ``free_mb`` what its device has left. The job pauses until space is back."""
+
+    def __init__(self, path: str | Path, free_mb: float) -> None:
+        super().__init__(errno.ENOSPC, f"journal disk full at {path}, {free_mb:.1f} MB free")
+        self.path, self.free_mb = str(path), free_mb
+
+    def __str__(self) -> str:
+        return f"journal disk full at {self.path}, {self.free_mb:.1f} MB free"
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses Ray's process boundary with its fields
+        return (JournalFull, (self.path, self.free_mb))
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_mb(path: str | Path) -> float:
+    """Free space of the device holding ``path`` (its nearest existing folder), in MB."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free / 1e6
 
 
 @dataclass(frozen=True)
@@ -116,8 +144,17 @@ class Journal:
         data = json.dumps({"step": step, "shard": shard, "meta": meta, "samples": samples}).encode()
         digest = sha256(data)
         path = self.step_dir(step) / f"shard-{shard:04d}-{digest[:16]}.json"
-        atomic_write(path, data)
+        self._write(atomic_write, path, data)
         return ShardRef(step, shard, str(path), digest, len(samples))
+
+    def _write(self, how: Any, path: Path, data: bytes) -> Any:
+        """``how(path, data)``; a full disk is :class:`JournalFull` (the temporary file is gone)."""
+        try:
+            return how(path, data)
+        except OSError as e:
+            if e.errno in _FULL:
+                raise JournalFull(self.root, free_mb(self.root)) from None
+            raise
 
     def read_shard(self, ref: ShardRef | dict[str, Any]) -> dict[str, Any]:
         """Read and verify a shard. Raises :class:`JournalCorrupt`."""
@@ -143,7 +180,7 @@ class Journal:
             raise ValueError(f"batch {step}: shards {[r.shard for r in refs]} are not 0..n-1")
         body = {"step": step, "shards": [r.to_dict() for r in refs], "meta": meta or {}}
         path = self.step_dir(step) / "batch.json"
-        return atomic_create(path, json.dumps(body).encode())
+        return bool(self._write(atomic_create, path, json.dumps(body).encode()))
 
     def batch(self, step: int) -> list[ShardRef] | None:
         """The shard references of a complete batch, or None if the batch is not complete."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import keys
-from .store import Compare, Get, Put, Store, _prefix_end
+from .store import Compare, Delete, Get, Put, Store, _prefix_end
 
 
 def prefix_end(prefix: str) -> str:
@@ -79,7 +79,10 @@ def submit(store: Store, job_id: str, spec_json: str, desired: dict[str, Any]) -
         ],
     )
     if not res.succeeded:
-        raise JobExists(f"a job named {job_id!r} already exists (choose another name or `rrl cancel` it)")
+        raise JobExists(
+            f"a job named {job_id!r} already exists: choose another name, or free it with `rrl delete {job_id}` "
+            "once it has ended (`rrl submit --replace` does both)"
+        )
     return res.revision
 
 
@@ -189,6 +192,29 @@ def update_desired(store: Store, job_id: str, expect: dict[str, Any] | None = No
         if res.succeeded:
             return desired
     raise RuntimeError(f"desired state of {job_id} kept changing under us; try again")
+
+
+def resume(store: Store, job_id: str) -> dict[str, Any]:
+    """Ask the leader to resume a PAUSED job now (it also resumes by itself once the cause is gone)."""
+    return update_desired(store, job_id, resume=time.time())
+
+
+class JobNotFinished(Exception):
+    """``delete`` of a job that is not in a terminal phase."""
+
+
+def delete(store: Store, job_id: str) -> JobRecord:
+    """Remove a terminal job's records (spec, desired, state, events, checkpoints, lineage) in
+    one compare-and-delete on its state, so the name can be used again; returns what was
+    removed (the caller removes the job's files). Raises :class:`JobNotFinished` for a live job."""
+    rec = get(store, job_id)
+    if rec.phase not in TERMINAL:
+        raise JobNotFinished(f"job {job_id!r} is {rec.phase}: `rrl cancel {job_id}` it first, then delete it")
+    kv = store.get(keys.state(job_id))
+    guard = [Compare(keys.state(job_id), "mod", "=", kv.mod_revision)] if kv else []
+    if not store.txn(guard, success=[Delete(keys.job(job_id), prefix=True)]).succeeded:
+        raise JobNotFinished(f"job {job_id!r} changed while being deleted; try again")
+    return rec
 
 
 def cancel(store: Store, job_id: str) -> dict[str, Any]:

@@ -214,6 +214,7 @@ class Controller:
             self._drop_driver(rec.id)
             return
         if not rec.state:
+            self._events.pop(rec.id, None)  # a new job (perhaps a deleted one's name): its own log
             self.update_state(rec.id, phase="PENDING", step=0, policy_version=0, trainer_epoch=0, checkpoint=None)
             self.event(rec.id, "submitted", f"job {rec.id} accepted by controller {self.id}")
         elif leader_changed:

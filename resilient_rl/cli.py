@@ -111,7 +111,8 @@ def _api(etcd: str | None, api: str | None = None) -> Any:
 def _local_app(store: Any, served_by: str = "rrl (in-process)") -> Any:
     from controller.http.api import create_app
 
-    return create_app(store, token=None, served_by=served_by, validate_spec=_validate_spec, metrics_path=_metrics_path)
+    return create_app(store, token=None, served_by=served_by, validate_spec=_validate_spec, metrics_path=_metrics_path,
+                      remove_data=_remove_data)  # fmt: skip
 
 
 def _validate_spec(data: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
@@ -120,6 +121,41 @@ def _validate_spec(data: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
 
     spec = JobSpec.model_validate(data)
     return spec.name, spec.to_json(), {"rollout": spec.rollout.replicas, "trainer": spec.trainer.replicas}
+
+
+def _remove_data(rec: Any) -> list[str]:
+    """Remove what rrl wrote in a deleted job's folder (journal, snapshots, metrics, a model it
+    made) and the folder if that leaves it empty: never anything else, since checkpoint.dir
+    may be a folder of the user's."""
+    import shutil
+
+    from .runner import job_workdir
+    from .spec import JobSpec
+
+    try:
+        work = job_workdir(JobSpec.model_validate(rec.spec))
+    except ValueError:
+        return []
+    removed = []
+    for name in ("journal", "snapshots", "metrics.jsonl", "model"):
+        p = work / name
+        if name == "model" and not (p / "rrl_model_init.json").exists():
+            continue  # not made by rrl
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+        else:
+            continue
+        removed.append(str(p))
+    for p in work.glob("rrl-verify-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    try:
+        work.rmdir()
+        removed.append(str(work))
+    except OSError:
+        pass  # not empty: the user's own files stay
+    return removed
 
 
 _workdirs: dict[tuple[str, float], Path] = {}
@@ -153,6 +189,8 @@ def _call(client: Any, method: str, path: str, body: Any = None, **params: Any) 
     try:
         if method == "GET":
             return client.get(path, **params)
+        if method == "DELETE":
+            return client.delete(path)
         return client.post(path, body)
     except ApiError as e:
         where = f" (controller {client.url})" if client.url else ""
@@ -320,7 +358,8 @@ def controller(
     os.environ.update({env_names.get(k, "RRL_ETCD_PASSWORD"): v for k, v in creds.items() if v is not None})
     token = ensure_token(token_file or token_path())
     cid = id or f"{os.uname().nodename}-{os.getpid()}"
-    app_ = create_app(store, token=token, served_by=cid, validate_spec=_validate_spec, metrics_path=_metrics_path)
+    app_ = create_app(store, token=token, served_by=cid, validate_spec=_validate_spec, metrics_path=_metrics_path,
+                      remove_data=_remove_data)  # fmt: skip
     try:
         http = HttpServer(app_, http_host, http_port).start()
     except OSError as e:
@@ -374,10 +413,15 @@ def submit(
     job_file: Annotated[Path, typer.Argument(help="Job spec (YAML). See examples/.")],
     name: Annotated[str | None, typer.Option("--name", help="Override the job's name (its id).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Show live progress until the job ends.")] = False,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="If a finished job has this name, delete it (records and data) first.")
+    ] = False,
     etcd: EtcdOpt = None,
     api: ApiOpt = None,
 ) -> None:
     """Validate a job file and submit it; the leader controller picks it up."""
+    from controller.http.client import ApiError
+
     from .spec import SpecError, load_spec
 
     try:
@@ -385,6 +429,13 @@ def submit(
     except SpecError as e:
         fail(str(e), 2)
     client = _api(etcd, api)
+    if replace:
+        try:
+            client.delete(_jp(spec.name))
+            out.print(f"deleted the finished job {spec.name}")
+        except ApiError as e:
+            if e.status != 404:
+                fail(e.message)
     _call(client, "POST", "/api/v1/jobs", {"spec": json.loads(spec.to_json())})
     out.print(f"submitted job [bold]{spec.name}[/] ({spec.steps} steps). Follow it with `rrl status {spec.name}`.")
     if follow:
@@ -505,6 +556,21 @@ def cancel(job: Annotated[str, typer.Argument(help="Job id.")], etcd: EtcdOpt = 
     """Cancel a job: the leader stops its workers and marks it CANCELLED."""
     _call(_api(etcd, api), "POST", _jp(job, "/cancel"))
     out.print(f"cancel requested for {job}")
+
+
+@app.command()
+def resume(job: Annotated[str, typer.Argument(help="Job id.")], etcd: EtcdOpt = None, api: ApiOpt = None) -> None:
+    """Resume a PAUSED job now (a job paused on a full journal disk also resumes by itself)."""
+    _call(_api(etcd, api), "POST", _jp(job, "/resume"))
+    out.print(f"resume requested for {job}")
+
+
+@app.command()
+def delete(job: Annotated[str, typer.Argument(help="Job id.")], etcd: EtcdOpt = None, api: ApiOpt = None) -> None:
+    """Delete a finished job: its records in etcd and the data rrl wrote (journal, snapshots,
+    metrics), so its name can be used again. A running job must be cancelled first."""
+    res = _call(_api(etcd, api), "DELETE", _jp(job))
+    out.print(f"deleted {job}" + (f" ({len(res['removed'])} paths removed)" if res["removed"] else ""))
 
 
 @app.command()

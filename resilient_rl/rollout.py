@@ -135,6 +135,7 @@ class RolloutWorker:
         rewards = [x["reward"] for x in samples]
         return {
             "ref": ref.to_dict(),
+            "bytes": os.path.getsize(ref.path),
             "version": self.version,
             "reward_mean": sum(rewards) / len(rewards),
             "reward_errors": reward_errors,

@@ -30,7 +30,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from checkpoints.journal import Journal, ShardRef
+from checkpoints.journal import Journal, JournalFull, ShardRef, free_mb
 from controller import steplog
 from controller.election import NotLeader
 from controller.jobs import TERMINAL, JobRecord
@@ -91,6 +91,12 @@ class JobRunner:
         t = self.spec.task
         scorer = f"reward function {t.reward_fn}" if t.reward == "function" else f"task.reward {t.reward}"
         self.rewards = RewardErrorWindow(scorer, t.max_reward_error_rate, t.reward_error_window)
+        self.paused: JournalFull | None = None  # the journal's disk is full (see _pause)
+        self.paused_recorded = self.resume_asked = False
+        self._paused_at = self._space_checked = 0.0
+        self.shard_mb = 0.0  # the largest shard file so far (how much room a resume needs)
+        self.unjournaled: set[int] = set()  # steps whose shards are all in, batch manifest not written
+        self.slowest_train_s = 0.0  # the slowest train step this runner saw (the hang limit's scale)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
         self._thread.start()
@@ -98,6 +104,8 @@ class JobRunner:
     # -- JobDriver -----------------------------------------------------------
 
     def reconcile(self, rec: JobRecord) -> dict[str, Any] | None:
+        if rec.desired.get("resume") != self.desired.get("resume"):  # `rrl resume`: try again now
+            self.resume_asked = True
         if self.autoscaler is not None and rec.desired.get("rollout") != self.desired.get("rollout"):
             self.autoscaler.reset(int(rec.desired["rollout"]), time.monotonic())  # an operator's `rrl scale`
         self.desired = dict(rec.desired)  # read by the loop: group sizes (rrl scale)
@@ -148,6 +156,7 @@ class JobRunner:
         self.c.event(self.job, "running", f"{'resuming at step ' + str(k) if k else 'starting'}: "
                      f"{self._want('rollout')} rollout / {self._want('trainer')} trainer workers")  # fmt: skip
         self._ray_init()
+        self._task_len = self._task_size(state)
         model_dir = self._ensure_model()
         k = self._take_over(k, model_dir, was_running)
         snaps = self._loop(SnapshotFlow(self, self.trainers), k)
@@ -239,9 +248,12 @@ class JobRunner:
         inflight: dict[Any, tuple[int, int, list[int], int, float]] = {}  # ref -> (step, shard, prompts, worker, sent)
         done: dict[int, dict[int, dict[str, Any]]] = {}
         train_refs: list[Any] = []
-        t_step = time.monotonic()
+        t_step = t_train = last_iter = time.monotonic()
         while k < spec.steps and not self._stop.is_set():
             self.check_leader()
+            gap, last_iter = time.monotonic() - last_iter, time.monotonic()
+            if gap > 5.0:  # this process was stopped or starved: no worker's clock ran against it
+                t_train += gap
             while planned + 1 < spec.steps and planned + 1 <= self.version + s:
                 planned += 1
                 journaled = self._journaled(planned)  # complete before a restart: reuse, never regenerate
@@ -256,15 +268,19 @@ class JobRunner:
                                  f"({len(queue)} shards queued, {len(rollouts.idle)} idle)",
                                  size=self.autoscaler.size)  # fmt: skip
             rollouts.resize(self._want("rollout"), self.version, self.weights)
-            while queue and rollouts.idle:
+            self._pause_tick(busy=bool(train_refs))
+            while queue and rollouts.idle and self.paused is None:
                 w = min(rollouts.idle)
                 rollouts.idle.discard(w)
                 step, shard, idx = queue.popleft()
                 ref = rollouts.workers[w].generate_shard.remote(step, shard, idx, self.token)
                 inflight[ref] = (step, shard, idx, w, time.monotonic())
-            if not train_refs and k in done and len(done[k]) == self._num_shards():
+            self._retry_batches(done)
+            if (not train_refs and k in done and len(done[k]) == self._num_shards() and k not in self.unjournaled
+                    and self.paused is None):  # fmt: skip
                 self._check_staleness(k, done[k])
                 train_refs = [t.train_step.remote(k, True, self.token) for t in self.trainers.ranks]
+                t_train = time.monotonic()
             watched = [*inflight, *train_refs, *snaps.waits, *rollouts.refs()]
             if watched:  # block until something happened, then take *everything* ready (no starvation)
                 ray.wait(watched, num_returns=1, timeout=1.0)
@@ -279,10 +295,12 @@ class JobRunner:
                 ray.wait(train_refs, num_returns=len(train_refs), timeout=0) if train_refs else ([], [])
             )
             lost = _actor_error(finished)
-            if lost is not None:  # a rank died (its peers may hang in a collective): restart the group
+            hung = self._trainer_hung(t_train) if train_refs and lost is None and unfinished else None
+            if lost is not None or hung is not None:  # a rank died or hangs (its peers wait in a collective)
                 train_refs = []
-                self._fault("trainer_fault")
-                w = self.trainers.restart(k, self.trainers.world, f"trainer rank lost ({type(lost).__name__})")
+                self._fault("trainer_fault" if lost is not None else "trainer_hang")
+                why = f"trainer rank lost ({type(lost).__name__})" if lost is not None else hung
+                w = self.trainers.restart(k, self.trainers.world, str(why), cause="lost" if lost else "hang")
                 self.weights = w if w is not None else self.weights  # re-published: the old owner may be gone
                 snaps = SnapshotFlow(self, self.trainers)
                 continue
@@ -294,6 +312,7 @@ class JobRunner:
                         raise self.not_leader(e) from None
                     raise
                 train_refs = []
+                self.slowest_train_s = max(self.slowest_train_s, time.monotonic() - t_train)
                 metrics = self._commit(k, results[0], done.pop(k), time.monotonic() - t_step)
                 k += 1
                 self.version, self.weights = k, results[0]["weights"]
@@ -323,16 +342,76 @@ class JobRunner:
                 except Exception as e:
                     if _stale(e):
                         raise self.not_leader(e) from None
-                    raise
+                    full = _cause(e)
+                    if not isinstance(full, JournalFull):
+                        raise
+                    queue.appendleft((step, shard, idx))  # generated again once there is space
+                    if w in rollouts.workers:
+                        rollouts.idle.add(w)
+                    self._pause(full)
+                    continue
                 if w in rollouts.workers:
                     rollouts.idle.add(w)
+                self.shard_mb = max(self.shard_mb, float(result.get("bytes") or 0) / 1e6)
                 done.setdefault(step, {})[shard] = result
                 if len(done[step]) == self._num_shards():
-                    refs = [ShardRef(**done[step][i]["ref"]) for i in range(self._num_shards())]
-                    self.check_leader()
-                    if not self.journal.commit_batch(step, refs):  # a previous leader completed it first
-                        done[step] = self._journaled(step) or done[step]
+                    self.unjournaled.add(step)
+                    self._retry_batches(done)
         return snaps
+
+    # -- a full journal disk: pause, resume -------------------------------------
+
+    def _retry_batches(self, done: dict[int, dict[int, dict[str, Any]]]) -> None:
+        """Write the manifest of every batch whose shards are all in but whose manifest is not
+        (new, or refused by a full disk); a step trains only once its batch is journaled."""
+        for step in sorted(self.unjournaled):
+            if self.paused is not None:
+                return
+            refs = [ShardRef(**done[step][i]["ref"]) for i in range(self._num_shards())]
+            self.check_leader()
+            try:
+                if not self.journal.commit_batch(step, refs):  # a previous leader completed it first
+                    done[step] = self._journaled(step) or done[step]
+            except JournalFull as e:
+                self._pause(e)
+                return
+            self.unjournaled.discard(step)
+
+    def _pause(self, full: JournalFull) -> None:
+        """The journal's disk is full: dispatch nothing more; once no step trains the job is
+        PAUSED (see :meth:`_pause_tick`). Nothing is lost: the refused shard is queued again."""
+        if self.paused is None:
+            log.warning("job %s: %s: pausing", self.job, full)
+        self.paused = full
+
+    def _pause_tick(self, busy: bool) -> None:
+        """Enter PAUSED when nothing trains; leave it when the disk has room again (twice the
+        largest shard, at least 8 MB) or on ``rrl resume``."""
+        if self.paused is None:
+            return
+        now = time.monotonic()
+        if not self.paused_recorded:
+            if busy:
+                return  # the step in flight commits first (a commit needs RUNNING)
+            reason = f"{self.paused}"
+            self.c.update_state(self.job, expect=live, phase="PAUSED", reason=reason)
+            self.c.event(self.job, "paused", f"{reason}: paused; resumes by itself once there is room, or on "
+                         f"`rrl resume {self.job}`", path=self.paused.path, free_mb=round(self.paused.free_mb, 1),
+                         cause="journal_full")  # fmt: skip
+            self.paused_recorded, self._paused_at, self._space_checked = True, now, now
+            return
+        asked = self.resume_asked
+        if not asked and now - self._space_checked < 2.0:
+            return
+        self._space_checked = now
+        free = free_mb(self.paused.path)
+        if not asked and free < max(8.0, 2 * self.shard_mb):
+            return
+        secs = round(now - self._paused_at, 1)
+        self.c.update_state(self.job, expect=live, phase="RUNNING", reason=None)
+        self.c.event(self.job, "resumed", f"{'resumed by `rrl resume`' if asked else 'journal disk has room again'}"
+                     f" ({free:.0f} MB free) after {secs}s paused", seconds=secs, free_mb=round(free, 1))  # fmt: skip
+        self.paused, self.paused_recorded, self.resume_asked = None, False, False
 
     def _watchdog(self, inflight: dict[Any, tuple[int, int, list[int], int, float]], queue: deque[Any]) -> None:
         """A worker with a shard in flight for longer than ``fault.hang_timeout`` is hung
@@ -359,6 +438,20 @@ class JobRunner:
         """A fault was detected: remember it (in etcd too) until the next committed step."""
         self.faults.append((kind, time.time()))
         self.c.update_state(self.job, expect=live, open_faults=[list(f) for f in self.faults])
+
+    def _trainer_hung(self, sent: float) -> str | None:
+        """A train step running far longer than any before (four times the slowest this runner
+        saw, at least ``fault.hang_timeout``; ten times that before the first) has a frozen or
+        deadlocked rank: the reason to restart the group, else None."""
+        limit = max(self.spec.fault.hang_timeout, 4 * self.slowest_train_s)
+        if not self.slowest_train_s:
+            limit *= 10  # the first step pays start-up costs (allocations, a cold page cache)
+        took = time.monotonic() - sent
+        if took <= limit:
+            return None
+        self.c.event(self.job, "trainer_hang", f"a train step made no progress for {took:.1f}s (limit {limit:.1f}s): "
+                     "a trainer rank is frozen or deadlocked", detection_s=round(took, 2), group="trainer")  # fmt: skip
+        return f"trainer step hung for {took:.0f}s"
 
     def _note_recoveries(self, step: int) -> None:
         """Faults since the last commit are recovered from as far as the job goes: record
@@ -449,12 +542,23 @@ class JobRunner:
     def _num_shards(self) -> int:
         return min(self.spec.prompts_per_step, self.spec.rollout.shards_per_step or self.spec.rollout.replicas)
 
+    def _task_size(self, state: dict[str, Any]) -> int:
+        """The number of prompts of the task: recorded in the job's state the first time, by a
+        Ray task (a jsonl or dataset task reads its whole file to know it: never in the leader)."""
+        if state.get("task_size"):
+            return int(state["task_size"])
+        import ray
+
+        facts = ray.remote(num_cpus=0.1)(_task_facts)
+        size, quarantined = ray.get(facts.remote(self.spec.to_json()), timeout=600)
+        self.c.update_state(self.job, expect=live, task_size=size, task_quarantined=quarantined)
+        if quarantined:
+            self.c.event(self.job, "task_rows_quarantined", f"{quarantined} row(s) of the task's file were skipped "
+                         "(see the rollout workers' log for each one)", count=quarantined)  # fmt: skip
+        return int(size)
+
     def _shards(self, step: int) -> list[list[int]]:
         """The prompt indices of step ``step``, split into contiguous shards (whole prompt groups)."""
-        from .tasks import make_task
-
-        if not hasattr(self, "_task_len"):
-            self._task_len = len(make_task(self.spec.task, self.spec.seed))
         idx = prompt_indices(self.spec.seed, step, self.spec.prompts_per_step, self._task_len)
         n = self._num_shards()
         bounds = [round(i * len(idx) / n) for i in range(n + 1)]
@@ -547,6 +651,15 @@ def committable(cur: dict[str, Any], k: int) -> None:
         raise JobFailed(f"refusing to commit step {k}: etcd says the job is at step {cur.get('step')}")
 
 
+def _task_facts(spec_json: str) -> tuple[int, int]:
+    """(prompts, quarantined rows) of the job's task, built where it runs: in a Ray worker."""
+    from .tasks import make_task
+
+    spec = JobSpec.model_validate_json(spec_json)
+    task = make_task(spec.task, spec.seed)
+    return len(task), len(task.quarantined)
+
+
 def _make_tiny_model(out: str, init: Any, vocab_chars: str) -> str:
     from .model_init import make_tiny_model
 
@@ -566,6 +679,12 @@ def _actor_error(refs: list[Any]) -> BaseException | None:
         except Exception:  # other errors are raised where the results are read
             continue
     return None
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The worker's own exception inside Ray's wrapper (``RayTaskError.cause``), else ``e``."""
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, BaseException) else e
 
 
 def _stale(e: BaseException) -> bool:

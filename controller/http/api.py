@@ -202,8 +202,11 @@ def create_app(
     validate_spec: SpecValidator | None = None,
     metrics_path: MetricsPath | None = None,
     stream_interval: float = 1.0,
+    remove_data: Callable[[jobs.JobRecord], list[str]] | None = None,
 ) -> FastAPI:
-    """Build the app. ``token=None`` accepts mutations without a token (in-process use only)."""
+    """Build the app. ``token=None`` accepts mutations without a token (in-process use only).
+    ``remove_data(rec)`` removes a deleted job's files where this host can reach them and
+    returns what it removed."""
     app = FastAPI(
         title="resilient-rl controller",
         version="1",
@@ -249,6 +252,10 @@ def create_app(
 
     @app.exception_handler(jobs.JobExists)
     async def _exists(_: Request, e: jobs.JobExists) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, 409)
+
+    @app.exception_handler(jobs.JobNotFinished)
+    async def _not_finished(_: Request, e: jobs.JobNotFinished) -> JSONResponse:
         return JSONResponse({"detail": str(e)}, 409)
 
     @app.exception_handler(jobs.DesiredChanged)
@@ -377,6 +384,18 @@ def create_app(
             raise HTTPException(422, [_spec_error(err) for err in e.errors()]) from None
         jobs.submit(store, job_id, spec_json, desired)
         return {"id": job_id, "desired": desired}
+
+    @app.post(f"{API}/jobs/{{job}}/resume", tags=["jobs"], dependencies=[Auth])
+    def resume_job(job: str) -> dict[str, Any]:
+        """Ask the leader to resume a PAUSED job now (desired.resume)."""
+        return {"id": job, "desired": jobs.resume(store, keys.check_job_id(job))}
+
+    @app.delete(f"{API}/jobs/{{job}}", tags=["jobs"], dependencies=[Auth])
+    def delete_job(job: str) -> dict[str, Any]:
+        """Delete a finished job's records (409 while it runs) and its files on this host; the
+        name can then be used again."""
+        rec = jobs.delete(store, keys.check_job_id(job))
+        return {"id": job, "removed": remove_data(rec) if remove_data else []}
 
     @app.post(f"{API}/jobs/{{job}}/cancel", tags=["jobs"], dependencies=[Auth])
     def cancel_job(job: str) -> dict[str, Any]:

@@ -92,5 +92,8 @@ class ApiClient:
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params or None)
 
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, json=body)

@@ -95,6 +95,7 @@ class ChaosCluster:
         self.ray_nodes: list[ManagedProcess] = []
         self.ray_address = ""
         self.tmpfs: Path | None = None
+        self.journal_tmpfs: Path | None = None
         self._n_controllers = 0
 
     # -- start / stop ------------------------------------------------------------
@@ -103,7 +104,15 @@ class ChaosCluster:
     def endpoints(self) -> str:
         return ",".join(m.endpoint for m in self.etcd)
 
-    def start(self, snapshot_dir: Path | None = None) -> None:
+    def _mount(self, where: Path, mb: int, field: str) -> Path:
+        where.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", "tmpfs", str(where)], capture_output=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"cluster.{field}: cannot mount a tmpfs on {where} (needs root): "
+                               f"{r.stderr.decode().strip()}")  # fmt: skip
+        return where
+
+    def start(self, snapshot_dir: Path | None = None, journal_dir: Path | None = None) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         logs = self.home / "logs"
         names = [f"etcd{i}" for i in range(self.shape.etcd_members)]
@@ -114,15 +123,9 @@ class ChaosCluster:
         for m in self.etcd:
             m.start()
         if self.shape.checkpoint_tmpfs_mb and snapshot_dir is not None:
-            snapshot_dir.mkdir(parents=True, exist_ok=True)
-            size = f"size={self.shape.checkpoint_tmpfs_mb}m"
-            r = subprocess.run(["mount", "-t", "tmpfs", "-o", size, "tmpfs", str(snapshot_dir)], capture_output=True)
-            if r.returncode != 0:
-                raise RuntimeError(
-                    f"cluster.checkpoint_tmpfs_mb: cannot mount a tmpfs on {snapshot_dir} (needs root): "
-                    f"{r.stderr.decode().strip()}"
-                )
-            self.tmpfs = snapshot_dir
+            self.tmpfs = self._mount(snapshot_dir, self.shape.checkpoint_tmpfs_mb, "checkpoint_tmpfs_mb")
+        if self.shape.journal_tmpfs_mb and journal_dir is not None:
+            self.journal_tmpfs = self._mount(journal_dir, self.shape.journal_tmpfs_mb, "journal_tmpfs_mb")
         data = self.platform.up(etcd=self.endpoints, controllers=0, progress=lambda *_: None)
         self.ray_address = data["ray"]
         for i in range(1, self.shape.ray_nodes):
@@ -152,9 +155,10 @@ class ChaosCluster:
         for m in self.etcd:
             with contextlib.suppress(Exception):
                 m.stop()
-        if self.tmpfs is not None:
-            subprocess.run(["umount", str(self.tmpfs)], capture_output=True)
-            self.tmpfs = None
+        for mnt in (self.tmpfs, self.journal_tmpfs):
+            if mnt is not None:
+                subprocess.run(["umount", str(mnt)], capture_output=True)
+        self.tmpfs = self.journal_tmpfs = None
 
     # -- ownership ---------------------------------------------------------------
 

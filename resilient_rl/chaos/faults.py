@@ -164,6 +164,64 @@ def trainer_kill(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
     rec["ended_at"] = rec["injected_at"]
 
 
+def trainer_hang(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
+    """SIGSTOP a trainer rank for ``duration_s`` (its step, and its peers in the all-reduce, hang)."""
+    w, info = ctx.wait_for(ctx.member("trainer", f.target, prefer="ready"), f.wait_s, "live trainer rank")
+    pid = info["pid"]
+    started = start_time(pid)
+    rec["target"] = {"group": "trainer", "worker": w, "pid": pid}
+    rec["injected_at"] = time.time()
+    ctx.cluster.signal_pid(pid, signal.SIGSTOP)
+    try:
+        _sleep(ctx, float(f.duration_s or 0))
+    finally:
+        _resume(ctx, pid, started)
+        rec["ended_at"] = time.time()
+    rec["note"] = "SIGCONT sent" if start_time(pid) == started else "rank was replaced while stopped"
+
+
+def journal_full(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
+    """Fill the journal's tmpfs until the job is PAUSED (or ``wait_s``), keep it full for
+    ``duration_s``, then free it: the job must resume by itself, losing nothing."""
+    root = ctx.cluster.journal_tmpfs
+    if root is None:
+        raise Skip("no tmpfs on the journal folder (cluster.journal_tmpfs_mb)")
+    ballast = root / ".chaos-ballast"
+    rec["target"] = {"path": str(root)}
+    rec["injected_at"] = time.time()
+    with open(ballast, "wb") as fh, contextlib.suppress(OSError):  # until ENOSPC
+        while True:
+            fh.write(b"\0" * (1 << 20))
+            fh.flush()
+    try:
+        ctx.wait_for(lambda: ctx.record().phase in ("PAUSED", *jobs.TERMINAL), f.wait_s, "the job to pause")
+        rec["note"] = f"job {ctx.record().phase}"
+        _sleep(ctx, float(f.duration_s or 0))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            ballast.unlink()
+        rec["ended_at"] = time.time()
+
+
+REWARD_HANG_FLAG = "reward-hang"
+
+
+def reward_hang(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
+    """Make the job's reward function hang for ``duration_s``: it must be
+    ``resilient_rl.chaos.rewards:copy_credit``, which hangs while this flag file exists."""
+    if "resilient_rl.chaos.rewards:" not in str(ctx.record().spec.get("task", {}).get("reward_fn")):
+        raise Skip("the job's task.reward_fn is not one of resilient_rl.chaos.rewards")
+    flag = Path(os.environ["RRL_CHAOS_DIR"]) / REWARD_HANG_FLAG
+    rec["target"] = {"flag": str(flag)}
+    rec["injected_at"] = time.time()
+    flag.touch()
+    try:
+        _sleep(ctx, float(f.duration_s or 0))
+    finally:
+        flag.unlink(missing_ok=True)
+        rec["ended_at"] = time.time()
+
+
 def ray_node_remove(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
     """Kill an extra Ray node (its raylet and every worker on it). Default: the node that
     hosts the most of the job's workers."""
@@ -379,6 +437,9 @@ INJECTORS: dict[str, Callable[[Ctx, Fault, dict[str, Any]], None]] = {
     "rollout_hang": rollout_hang,
     "rollout_slow": rollout_slow,
     "trainer_kill": trainer_kill,
+    "trainer_hang": trainer_hang,
+    "journal_full": journal_full,
+    "reward_hang": reward_hang,
     "leader_kill": leader_kill,
     "leader_pause": leader_pause,
     "etcd_restart": etcd_restart,

@@ -103,7 +103,9 @@ def run_scenario(
     store: Store | None = None
     try:
         progress(f"starting the chaos platform in {home}")
-        cluster.start(snapshot_dir=workdir / "snapshots")
+        # the platform's processes (so Ray's workers) inherit it: where reward_hang's flag lives
+        os.environ["RRL_CHAOS_DIR"] = str(run_dir)
+        cluster.start(snapshot_dir=workdir / "snapshots", journal_dir=workdir / "journal")
         store = Store(cluster.endpoints, timeout=2.0, retry_window=5.0)
         monitor = Store(cluster.endpoints, timeout=1.0, retry_window=0.5)
         ctx = Ctx(cluster, store, spec.name, workdir, stop)

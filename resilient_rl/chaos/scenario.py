@@ -23,6 +23,9 @@ FaultKind = Literal[
     "rollout_hang",
     "rollout_slow",
     "trainer_kill",
+    "trainer_hang",
+    "journal_full",
+    "reward_hang",
     "leader_kill",
     "leader_pause",
     "etcd_restart",
@@ -36,7 +39,8 @@ FaultKind = Literal[
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 
 # kinds that need time to pass before the fault is over (SIGCONT, restart, ballast removed)
-_TIMED = {"rollout_hang", "rollout_slow", "leader_pause", "etcd_outage", "etcd_member_kill"}
+_TIMED = {"rollout_hang", "rollout_slow", "trainer_hang", "journal_full", "reward_hang", "leader_pause", "etcd_outage",
+          "etcd_member_kill"}  # fmt: skip
 
 
 class _Section(BaseModel):
@@ -56,6 +60,13 @@ class ClusterShape(_Section):
         ge=4,
         description="Mount a tmpfs of this size on the job's snapshot folder (needs root). Required by "
         "disk_full, which fills it during a snapshot.",
+    )
+    journal_tmpfs_mb: int | None = Field(
+        None,
+        ge=4,
+        le=4096,
+        description="Mount a tmpfs of this size on the job's journal folder (needs root). Required by "
+        "journal_full, which fills it: the job must pause, then resume once it is freed.",
     )
     leader_ttl: int = Field(5, ge=2, le=60, description="Leader lease TTL (s) of the controllers.")
 
@@ -211,17 +222,24 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def job_spec_dict(sc: Scenario, scenario_path: str | Path | None = None) -> dict[str, Any]:
-    """The scenario's job spec as a mapping (job_file read relative to the scenario file)."""
+    """The scenario's job spec as a mapping (job_file, and a relative task.path, read relative
+    to the scenario file)."""
+    here = Path(scenario_path).parent if scenario_path is not None else None
     if sc.job is not None:
-        return dict(sc.job)
-    assert sc.job_file is not None
-    p = Path(sc.job_file)
-    if not p.is_absolute() and scenario_path is not None:
-        p = Path(scenario_path).parent / p
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise ScenarioError(f"job_file: cannot read {p}: {e.strerror}") from None
-    if not isinstance(data, dict):
-        raise ScenarioError(f"job_file: {p} is not a mapping")
+        data: Any = dict(sc.job)
+    else:
+        assert sc.job_file is not None
+        p = Path(sc.job_file)
+        if not p.is_absolute() and here is not None:
+            p = here / p
+        try:
+            data = yaml.safe_load(p.read_text())
+        except OSError as e:
+            raise ScenarioError(f"job_file: cannot read {p}: {e.strerror}") from None
+        if not isinstance(data, dict):
+            raise ScenarioError(f"job_file: {p} is not a mapping")
+    task = data.get("task")
+    if isinstance(task, dict) and isinstance(task.get("path"), str) and here is not None:
+        if not Path(task["path"]).is_absolute():
+            data["task"] = {**task, "path": str((here / task["path"]).resolve())}
     return data

@@ -64,3 +64,21 @@ def test_three_member_etcd_loses_its_leader_member_twice_and_the_job_is_exact(tm
     assert all(f["target"]["was_leader"] for f in kills), kills  # it was the etcd leader each time
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert rep["job"]["phase"] == "SUCCEEDED" and rep["job"]["step"] == rep["job"]["steps"]
+
+
+@pytest.mark.timeout(900)
+def test_chaos_hardening_scenario_trainer_hang_journal_full_reward_hang_and_a_storm(tmp_path: Path) -> None:
+    """The faults of the hardening issue and a storm of four within seconds: each detected and
+    recovered from, the job exact (every invariant), never FAILED or QUARANTINED."""
+    r, run, rep = _run_scenario("hardening", tmp_path)
+    kinds = {f.kind for f in load_scenario(REPO / "scenarios" / "hardening.yaml").schedule()}
+    injected = {f["kind"] for f in rep["faults"] if f["status"] == "injected"}
+    assert injected == kinds, [(f["kind"], f["status"], f.get("note")) for f in rep["faults"]]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert rep["job"]["phase"] == "SUCCEEDED" and rep["job"]["step"] == rep["job"]["steps"]
+    by_kind = {f["kind"]: f for f in rep["faults"]}
+    for kind in ("trainer_hang", "journal_full", "reward_hang", "trainer_kill", "rollout_kill", "leader_kill"):
+        assert by_kind[kind]["figures"]["detection_s"] is not None, by_kind[kind]
+        assert by_kind[kind]["figures"]["next_commit_s"] is not None, by_kind[kind]
+    for kind in ("trainer_hang", "journal_full", "trainer_kill", "leader_kill"):
+        assert by_kind[kind]["figures"]["recovered_s"] is not None, by_kind[kind]

@@ -21,7 +21,8 @@ FNS = "tests.unit.reward_fns"
 
 def _spec(name: str, tmp_path: Path, reward_fn: str, **task: Any) -> dict[str, Any]:
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{i}{i}:", "answer": str(i)}) + "\n" for i in range(10)))
+    rows = [json.dumps({"prompt": f"{i}{i}:", "answer": str(i)}) for i in range(10)]
+    data.write_text("\n".join([*rows[:5], "{not json", *rows[5:]]) + "\n")  # one bad row, quarantined
     return {
         "name": name,
         "model": {"init": {}},
@@ -64,3 +65,6 @@ def test_a_hanging_reward_times_out_per_sample_and_the_worker_survives(platform:
     assert "reward_errors" in kinds
     assert not {"rollout_hang", "rollout_fault"} & set(kinds), kinds  # the worker was never declared hung
     assert rec.state["reward_errors"] == len(hung)
+    # the task's size was computed once, in a Ray task, and recorded (the leader never reads the file)
+    assert rec.state["task_size"] == 10 and rec.state["task_quarantined"] == 1
+    assert "task_rows_quarantined" in kinds

@@ -177,6 +177,35 @@ def test_racing_scales_with_expect_one_wins_the_rest_are_told_the_current_size(
     assert bad.status_code == 422
 
 
+def test_delete_frees_a_finished_jobs_name_and_refuses_a_live_one(ctls: tuple[Ctl, Ctl], etcd: EtcdServer) -> None:
+    leader, _ = ctls
+    u = leader.url + "/api/v1/jobs"
+    assert httpx.post(u, json={"spec": spec("again")}, headers=AUTH).status_code == 201
+    r = httpx.post(u, json={"spec": spec("again")}, headers=AUTH)
+    assert r.status_code == 409 and "`rrl delete again` once it has ended" in r.json()["detail"]
+    deadline = time.monotonic() + 10
+    while jobs.get(etcd.store(), "again").phase != "PENDING" or not jobs.get(etcd.store(), "again").state:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    r = httpx.delete(f"{u}/again", headers=AUTH)
+    assert r.status_code == 409 and "is PENDING: `rrl cancel again` it first" in r.json()["detail"]
+    assert httpx.delete(f"{u}/again").status_code == 401  # a mutation: the token is needed
+    assert httpx.post(f"{u}/again/cancel", headers=AUTH).status_code == 200
+    while jobs.get(etcd.store(), "again").phase != "CANCELLED":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    r = httpx.delete(f"{u}/again", headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert etcd.store().range(keys.job("again"))[0] == []  # spec, desired, state, events: all gone
+    assert httpx.post(u, json={"spec": spec("again")}, headers=AUTH).status_code == 201  # the name is free
+    while not jobs.get(etcd.store(), "again").state:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    evs = httpx.get(f"{u}/again/events").json()
+    assert (evs["events"][0]["seq"], evs["events"][0]["kind"]) == (0, "submitted"), evs  # a log of its own
+    assert httpx.delete(f"{u}/nope", headers=AUTH).status_code == 404
+
+
 def test_unknown_job_is_404_and_writes_nothing(ctls: tuple[Ctl, Ctl], etcd: EtcdServer) -> None:
     leader, _ = ctls
     u = leader.url + "/api/v1/jobs/nope"

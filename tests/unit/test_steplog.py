@@ -4,15 +4,13 @@ commit order, whatever a killed or replaced leader left in it."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 from controller import steplog
 from controller.election import NotLeader
-from resilient_rl.reward_guard import RewardErrorWindow
-from resilient_rl.runner import JobRunner, committable
-from resilient_rl.spec import parse_spec
+from resilient_rl.runner import committable
+from tests.helpers.fake_controller import FakeController, bare_runner
 
 
 def test_read_keeps_the_first_line_of_each_committed_step_in_order(tmp_path: Path) -> None:
@@ -29,35 +27,19 @@ def test_read_keeps_the_first_line_of_each_committed_step_in_order(tmp_path: Pat
     assert steplog.read(tmp_path / "missing.jsonl") == []
 
 
-class _FakeController:
-    """The controller as the runner's commit sees it: the state CAS, events, the election."""
+class _CasWatcher(FakeController):
+    """Notes how many metrics lines are on disk at each compare-and-swap; may die before it."""
 
     def __init__(self, log: Path, die_before_cas: bool = False) -> None:
-        self.log, self.die, self.id = log, die_before_cas, "c1"
-        self.state: dict[str, Any] = {"phase": "RUNNING", "step": 0}
+        super().__init__()
+        self.log, self.die = log, die_before_cas
         self.lines_at_cas: list[int] = []
-        self.election = type("E", (), {"is_leader": True})()
 
     def update_state(self, job: str, expect: Any = None, **changes: Any) -> dict[str, Any]:
         self.lines_at_cas.append(len(steplog.read(self.log)))
         if self.die:
             raise NotLeader("killed between the line and the commit")
-        if expect is not None:
-            expect(self.state)
-        self.state.update(changes)
-        return self.state
-
-    def event(self, *a: Any, **k: Any) -> None:
-        pass
-
-
-def _runner(c: _FakeController, workdir: Path) -> JobRunner:
-    r = object.__new__(JobRunner)  # the step commit only; no thread, no Ray
-    r.c, r.job, r.workdir, r.reward_errors = c, "j", workdir, 0
-    r.spec = parse_spec({"name": "j", "model": {"init": {}}})
-    r.rewards = RewardErrorWindow("task.reward exact", 0.5, 10)
-    r._stop = threading.Event()
-    return r
+        return super().update_state(job, expect, **changes)
 
 
 SHARDS = {0: {"tokens": 10, "reward_errors": 0, "version": 0, "samples": 8}}
@@ -66,16 +48,16 @@ R0 = {"reward_mean": 0.5, "loss": 0.1}
 
 def test_a_commit_writes_its_line_first_and_a_leader_killed_between_leaves_one_line(tmp_path: Path) -> None:
     log = tmp_path / "metrics.jsonl"
-    dying = _FakeController(log, die_before_cas=True)
+    dying = _CasWatcher(log, die_before_cas=True)
     try:
-        _runner(dying, tmp_path)._commit(0, R0, SHARDS, 1.0)
+        bare_runner(dying, tmp_path)._commit(0, R0, SHARDS, 1.0)
     except NotLeader:
         pass
     assert dying.lines_at_cas == [1]  # the line was on disk before the compare-and-swap
     assert dying.state["step"] == 0  # ... which never happened
     # the next leader commits step 0 again (commit_recovered / a replay), then step 1
-    c = _FakeController(log)
-    r = _runner(c, tmp_path)
+    c = _CasWatcher(log)
+    r = bare_runner(c, tmp_path)
     r._commit(0, R0, SHARDS, 1.0)
     r._commit(1, R0, SHARDS, 1.0)
     assert c.state["step"] == 2 and c.lines_at_cas == [1, 2]

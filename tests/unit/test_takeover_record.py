@@ -4,53 +4,12 @@ complete and verified, else failed and collected), and faults that no commit fol
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import Any
 
 from checkpoints.snapshots import snapshot_dir, write_manifest
 from resilient_rl.checkpointing import close_inflight
-from resilient_rl.reward_guard import RewardErrorWindow
-from resilient_rl.runner import JobRunner
-from resilient_rl.spec import parse_spec
-
-
-class FakeController:
-    """The controller's fenced record as the runner uses it (state, checkpoints, events)."""
-
-    def __init__(self) -> None:
-        self.id = "c2"
-        self.state: dict[str, Any] = {"phase": "RUNNING", "step": 0}
-        self.records: dict[int, dict[str, Any]] = {}
-        self.events: list[tuple[str, str, dict[str, Any]]] = []
-        self.election = type("E", (), {"is_leader": True})()
-
-    def checkpoints(self, job: str) -> list[dict[str, Any]]:
-        return [self.records[s] for s in sorted(self.records)]
-
-    def record_checkpoint(self, job: str, step: int, info: dict[str, Any]) -> None:
-        self.records[step] = {**info, "step": step}
-
-    def forget_checkpoint(self, job: str, step: int) -> None:
-        del self.records[step]
-
-    def event(self, job: str, kind: str, message: str, **data: Any) -> None:
-        self.events.append((kind, message, data))
-
-    def update_state(self, job: str, expect: Any = None, **changes: Any) -> dict[str, Any]:
-        if expect is not None:
-            expect(self.state)
-        self.state.update(changes)
-        return self.state
-
-
-def runner(c: FakeController, workdir: Path, **spec: Any) -> JobRunner:
-    r = object.__new__(JobRunner)  # no thread, no Ray: the record-keeping only
-    r.c, r.job, r.workdir, r.reward_errors, r.faults = c, "j", workdir, 0, []
-    r.spec = parse_spec({"name": "j", "model": {"init": {}}, **spec})
-    r.rewards = RewardErrorWindow("task.reward exact", 0.5, 10)
-    r._stop = threading.Event()
-    return r
+from tests.helpers.fake_controller import FakeController
+from tests.helpers.fake_controller import bare_runner as runner
 
 
 def _snapshot(root: Path, step: int, complete: bool) -> Path:
