@@ -46,14 +46,20 @@ class SnapshotFlow:
         if self.waits or step % self.every:
             return
         try:
-            started = ray.get([t.snapshot.remote(str(self.root), self.r.token) for t in self.group.ranks])
-        except Exception as e:  # a rank died while staging: no snapshot; the step loop sees the death next
+            # a deadline: a frozen rank must not hold the step loop here (the loop's hang check catches it)
+            started = ray.get([t.snapshot.remote(str(self.root), self.r.token) for t in self.group.ranks],
+                              timeout=self.deadline_s())  # fmt: skip
+        except Exception as e:  # a rank died or hangs while staging: no snapshot; the step loop sees it next
             self.r.c.event(self.r.job, "snapshot_failed", f"snapshot at step {step} failed while staging: "
                            f"{type(getattr(e, 'cause', None) or e).__name__}", step=step)  # fmt: skip
             return
         self.blocking_s = max(x["blocking_s"] for x in started)
         self.waits = [t.wait_snapshot.remote() for t in self.group.ranks]
         self.step = step
+
+    def deadline_s(self) -> float:
+        """How long a staging or a manifest write may take before the snapshot counts as failed."""
+        return max(10.0, 4 * self.r.spec.fault.hang_timeout)
 
     def poll(self, block: bool = False) -> None:
         """Commit (or fail) the snapshot in flight once every rank's write has ended."""
@@ -72,7 +78,8 @@ class SnapshotFlow:
             results = ray.get(waits)
             errors = [x["error"] for x in results if not x["ok"]]
             if not errors:
-                info = ray.get(self.group.ranks[0].commit_snapshot.remote(str(self.root), step, meta))
+                info = ray.get(self.group.ranks[0].commit_snapshot.remote(str(self.root), step, meta),
+                               timeout=self.deadline_s())  # fmt: skip
         except Exception as e:  # a rank died or the manifest write failed: this snapshot never commits
             errors = [f"{type(getattr(e, 'cause', None) or e).__name__}: {str(getattr(e, 'cause', None) or e)[:300]}"]
         if errors:

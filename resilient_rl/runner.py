@@ -416,15 +416,15 @@ class JobRunner:
     def _watchdog(self, inflight: dict[Any, tuple[int, int, list[int], int, float]], queue: deque[Any]) -> None:
         """A worker with a shard in flight for longer than ``fault.hang_timeout`` is hung
         (stopped, deadlocked, starved): kill and replace it, re-queue its shard."""
-        limit = self.spec.fault.hang_timeout
         now = time.monotonic()
         for ref, (step, shard, idx, w, sent) in list(inflight.items()):
+            limit = self._shard_limit(len(idx))
             if now - sent <= limit:
                 continue
             del inflight[ref]
             queue.appendleft((step, shard, idx))
             self.c.event(self.job, "rollout_hang", f"rollout worker {w} made no progress on shard {step}/{shard} "
-                         f"for {now - sent:.1f}s (hang_timeout {limit:g}s)", worker=w,
+                         f"for {now - sent:.1f}s (limit {limit:g}s: fault.hang_timeout + reward timeouts)", worker=w,
                          detection_s=round(now - sent, 2))  # fmt: skip
             self._fault("rollout_hang")
             self.rollouts.fault(w, TimeoutError(f"hung for {now - sent:.0f}s"))
@@ -438,6 +438,17 @@ class JobRunner:
         """A fault was detected: remember it (in etcd too) until the next committed step."""
         self.faults.append((kind, time.time()))
         self.c.update_state(self.job, expect=live, open_faults=[list(f) for f in self.faults])
+
+    def _shard_limit(self, prompts: int) -> float:
+        """``fault.hang_timeout`` for a shard of ``prompts`` prompts, plus the longest its user reward
+        calls may take by design (each has ``task.reward_timeout_s``, ``reward_workers`` at a time):
+        a reward function timing out sample after sample is slow, not a hung worker."""
+        t = self.spec.task
+        extra = 0.0
+        if t.reward == "function":
+            calls = prompts * self.spec.rollout.sampling.n
+            extra = -(-calls // t.reward_workers) * t.reward_timeout_s
+        return self.spec.fault.hang_timeout + extra
 
     def _trainer_hung(self, sent: float) -> str | None:
         """A train step running far longer than any before (four times the slowest this runner

@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any
 
 from resilient_rl.tasks.base import RewardResult, TaskError
@@ -39,9 +39,17 @@ _START_TIMEOUT_S = 60.0  # importing the user's module (it may import torch, a t
 class _Child:
     proc: subprocess.Popen[bytes]
     replies: IO[bytes]
+    started: float
+    ready: bool = False  # its "ready" line arrived: the user's module is imported
     buf: bytes = b""
     busy: tuple[int, float] | None = None  # (call index, deadline)
-    pending: list[bytes] = field(default_factory=list)
+
+    def line(self) -> bytes | None:
+        """One complete reply line from what was read so far, if any."""
+        if b"\n" not in self.buf:
+            return None
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line
 
 
 class RewardPool:
@@ -49,7 +57,9 @@ class RewardPool:
 
     ``score(calls)`` returns one :class:`RewardResult` per ``(prompt, completion, answer)``, in order; it
     never raises for a user function's failure. The constructor raises :class:`TaskError` when the function
-    cannot be imported in a child (as ``make_task`` does in-process). Not thread-safe: one caller.
+    cannot be imported in a child (as ``make_task`` does in-process). A replacement child starts in the
+    background: a call sent to it before it is ready gets its deadline from the moment it is. Not
+    thread-safe: one caller.
     """
 
     def __init__(self, ref: str, timeout_s: float, size: int = 2) -> None:
@@ -59,6 +69,8 @@ class RewardPool:
         try:
             for _ in range(size):
                 self._children.append(self._spawn())
+            for c in self._children:  # the first ones are waited for: a bad reference fails here
+                self._await_ready(c)
         except BaseException:
             self.close()
             raise
@@ -77,29 +89,32 @@ class RewardPool:
             start_new_session=True,  # its own process group: a kill takes what it started too
         )
         os.close(w)
-        child = _Child(proc, os.fdopen(r, "rb", buffering=0))
-        hello = self._read_line(child, time.monotonic() + _START_TIMEOUT_S)
-        if hello is None:
-            self._kill(child)
-            raise TaskError(f"task.reward_fn: {self.ref} did not load within {_START_TIMEOUT_S:g}s")
-        msg = json.loads(hello)
-        if "error" in msg:
-            self._kill(child)
-            raise TaskError(msg["error"])
-        return child
+        return _Child(proc, os.fdopen(r, "rb", buffering=0), time.monotonic())
 
-    def _read_line(self, child: _Child, deadline: float) -> bytes | None:
-        """One reply line of ``child`` before ``deadline``; None on timeout or when it died."""
-        while b"\n" not in child.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([child.replies], [], [], left)[0]:
-                return None
-            chunk = child.replies.read(65536)
-            if not chunk:
-                return None
-            child.buf += chunk
-        line, _, child.buf = child.buf.partition(b"\n")
-        return line
+    def _await_ready(self, child: _Child) -> None:
+        deadline = child.started + _START_TIMEOUT_S
+        while not child.ready:
+            line = child.line()
+            if line is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([child.replies], [], [], left)[0] or not self._read(child):
+                    raise TaskError(f"task.reward_fn: {self.ref} did not load within {_START_TIMEOUT_S:g}s")
+                continue
+            self._hello(child, line)
+
+    def _hello(self, child: _Child, line: bytes) -> None:
+        msg = json.loads(line)
+        if "error" in msg:
+            raise TaskError(msg["error"])
+        child.ready = True
+        if child.busy is not None:  # a call sent while it was loading: its time starts now
+            child.busy = (child.busy[0], time.monotonic() + self.timeout_s)
+
+    @staticmethod
+    def _read(child: _Child) -> bool:
+        chunk = child.replies.read(65536)
+        child.buf += chunk or b""
+        return bool(chunk)
 
     def _kill(self, child: _Child) -> None:
         try:
@@ -114,7 +129,12 @@ class RewardPool:
     def _replace(self, i: int) -> None:
         self._kill(self._children[i])
         self.restarts += 1
-        self._children[i] = self._spawn()
+        self._children[i] = self._spawn()  # not waited for: it loads while the others work
+
+    def _deadline(self, child: _Child) -> float:
+        if child.ready:
+            return time.monotonic() + self.timeout_s
+        return child.started + _START_TIMEOUT_S + self.timeout_s  # reset once it is ready
 
     def score(self, calls: list[tuple[str, str, str]]) -> list[RewardResult]:
         results: list[RewardResult | None] = [None] * len(calls)
@@ -123,45 +143,42 @@ class RewardPool:
             for c in self._children:  # hand out work
                 if c.busy is None and todo:
                     j = todo.pop()
-                    line = json.dumps(calls[j]).encode() + b"\n"
                     try:
                         assert c.proc.stdin is not None
-                        c.proc.stdin.write(line)
+                        c.proc.stdin.write(json.dumps(calls[j]).encode() + b"\n")
                         c.proc.stdin.flush()
                     except (BrokenPipeError, OSError):
                         pass  # it died; the read below sees EOF and replaces it
-                    c.busy = (j, time.monotonic() + self.timeout_s)
+                    c.busy = (j, self._deadline(c))
             busy = [c for c in self._children if c.busy]
             nearest = min(c.busy[1] for c in busy if c.busy)
             ready = select.select([c.replies for c in busy], [], [], max(0.0, nearest - time.monotonic()))[0]
-            now = time.monotonic()
             for i, c in enumerate(self._children):
                 if c.busy is None:
                     continue
-                j, deadline = c.busy
+                j = c.busy[0]
+                error = None
                 if c.replies in ready:
-                    chunk = c.replies.read(65536)
-                    if chunk:
-                        c.buf += chunk
-                        if b"\n" not in c.buf:
+                    if not self._read(c):
+                        error = f"ChildProcessError: reward function {self.ref} died (exit code {c.proc.poll()})"
+                    while error is None and (line := c.line()) is not None:
+                        if not c.ready:
+                            self._hello(c, line)
                             continue
-                        line, _, c.buf = c.buf.partition(b"\n")
                         msg: dict[str, Any] = json.loads(line)
                         results[j] = RewardResult(float(msg["value"]), msg.get("error"))
                         c.busy = None
+                        break
+                    if error is None:
                         continue
-                    code = c.proc.poll()
-                    results[j] = RewardResult(
-                        0.0, f"ChildProcessError: reward function {self.ref} died (exit code {code})"
-                    )
-                elif now >= deadline:
-                    results[j] = RewardResult(
-                        0.0,
+                elif time.monotonic() >= c.busy[1]:
+                    error = (
                         f"TimeoutError: reward function {self.ref} did not return within {self.timeout_s:g}s "
-                        "(task.reward_timeout_s); its process was killed",
+                        "(task.reward_timeout_s); its process was killed"
                     )
                 else:
                     continue
+                results[j] = RewardResult(0.0, error)
                 c.busy = None
                 self._replace(i)
         return [r if r is not None else RewardResult(0.0, "lost") for r in results]

@@ -77,8 +77,17 @@ def test_chaos_hardening_scenario_trainer_hang_journal_full_reward_hang_and_a_st
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert rep["job"]["phase"] == "SUCCEEDED" and rep["job"]["step"] == rep["job"]["steps"]
     by_kind = {f["kind"]: f for f in rep["faults"]}
-    for kind in ("trainer_hang", "journal_full", "reward_hang", "trainer_kill", "rollout_kill", "leader_kill"):
+    for kind in ("trainer_hang", "journal_full", "reward_hang"):
         assert by_kind[kind]["figures"]["detection_s"] is not None, by_kind[kind]
         assert by_kind[kind]["figures"]["next_commit_s"] is not None, by_kind[kind]
-    for kind in ("trainer_hang", "journal_full", "trainer_kill", "leader_kill"):
+    for kind in ("trainer_hang", "journal_full"):
         assert by_kind[kind]["figures"]["recovered_s"] is not None, by_kind[kind]
+    # the storm: four faults in the same second; the figures cannot tell them apart, the events can:
+    # each fault and each recovery is recorded, whichever leader saw it
+    t_storm = min(f["injected_at"] for f in rep["faults"] if f["at"] == {"step": 28})
+    after = [e["kind"] for e in rep["events"] if e["time"] >= t_storm - 0.5]
+    for kind in ("leader", "adopted", "trainer_restart", "trainer_recovered", "rollout_joined", "recovered"):
+        assert kind in after, after
+    assert {"rollout_fault", "rollout_hang"} & set(after), after
+    assert "reward_errors" in [e["kind"] for e in rep["events"]]  # the hang's timeouts were counted
+    assert not {"failed", "rollout_hang"} & {e["kind"] for e in rep["events"] if e["time"] < t_storm - 0.5}
