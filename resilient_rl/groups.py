@@ -148,11 +148,8 @@ class RolloutGroup:
                 continue
             del self.joining[ref]
             self.idle.add(i)
-            t = self.fault_at.pop(i, None)
-            if t is not None:
-                rs = round(time.monotonic() - t, 2)
-                self.r.c.event(self.r.job, "rollout_joined", f"rollout worker {i} joined at policy v{version}, "
-                               f"{rs}s after its fault", worker=i, version=version, recovery_s=rs)  # fmt: skip
+            if i in self.fault_at:
+                self._joined(i, version)
         return adopted
 
     def join_limit(self) -> float:
@@ -178,6 +175,11 @@ class RolloutGroup:
             self.fault(i, e)
             return True
         self.idle.add(i)
+        self._joined(i, version)
+        return True
+
+    def _joined(self, i: int, version: int) -> None:
+        """Record that worker ``i`` joined (with its recovery time after a fault)."""
         data: dict[str, Any] = {"worker": i, "version": version}
         t = self.fault_at.pop(i, None)
         if t is not None:
@@ -188,7 +190,6 @@ class RolloutGroup:
         if t is not None and len(set(self.workers) - joining) >= self.r.want("rollout"):
             self.r.c.event(self.r.job, "group_restored", f"rollout group back at {self.r.want('rollout')} workers "
                            f"{data['recovery_s']}s after the fault", group="rollout", seconds=data["recovery_s"])  # fmt: skip
-        return True
 
     def overdue_joins(self) -> list[int]:
         now, limit = time.monotonic(), self.join_limit()

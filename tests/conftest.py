@@ -104,3 +104,17 @@ def run_rrl(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
         timeout=timeout,
         env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A real small filesystem (tmpfs; the test process runs as root): ``size`` from
+    ``@pytest.mark.parametrize("small_disk", ["256k"], indirect=True)``, default 48m."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    size = getattr(request, "param", "48m")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)

@@ -120,11 +120,12 @@ def rollout_kill(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
     rec["ended_at"] = rec["injected_at"]
 
 
-def rollout_hang(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
-    w, info = ctx.wait_for(ctx.member("rollout", f.target), f.wait_s, "live rollout worker")
+def _stop_for(ctx: Ctx, f: Fault, rec: dict[str, Any], group: str, prefer: str = "busy") -> None:
+    """SIGSTOP a live worker of ``group`` for ``duration_s``, then SIGCONT it if it is still the same process."""
+    w, info = ctx.wait_for(ctx.member(group, f.target, prefer=prefer), f.wait_s, f"live {group} worker")
     pid = info["pid"]
     started = start_time(pid)
-    rec["target"] = {"group": "rollout", "worker": w, "pid": pid, "status": info.get("status")}
+    rec["target"] = {"group": group, "worker": w, "pid": pid, "status": info.get("status")}
     rec["injected_at"] = time.time()
     ctx.cluster.signal_pid(pid, signal.SIGSTOP)
     try:
@@ -132,7 +133,11 @@ def rollout_hang(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
     finally:
         _resume(ctx, pid, started)
         rec["ended_at"] = time.time()
-    rec["note"] = "SIGCONT sent" if start_time(pid) == started else "worker was killed while stopped"
+    rec["note"] = "SIGCONT sent" if start_time(pid) == started else "worker was replaced while stopped"
+
+
+def rollout_hang(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
+    _stop_for(ctx, f, rec, "rollout")
 
 
 def rollout_slow(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
@@ -166,18 +171,7 @@ def trainer_kill(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
 
 def trainer_hang(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
     """SIGSTOP a trainer rank for ``duration_s`` (its step, and its peers in the all-reduce, hang)."""
-    w, info = ctx.wait_for(ctx.member("trainer", f.target, prefer="ready"), f.wait_s, "live trainer rank")
-    pid = info["pid"]
-    started = start_time(pid)
-    rec["target"] = {"group": "trainer", "worker": w, "pid": pid}
-    rec["injected_at"] = time.time()
-    ctx.cluster.signal_pid(pid, signal.SIGSTOP)
-    try:
-        _sleep(ctx, float(f.duration_s or 0))
-    finally:
-        _resume(ctx, pid, started)
-        rec["ended_at"] = time.time()
-    rec["note"] = "SIGCONT sent" if start_time(pid) == started else "rank was replaced while stopped"
+    _stop_for(ctx, f, rec, "trainer", prefer="ready")
 
 
 def journal_full(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:

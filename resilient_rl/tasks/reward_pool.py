@@ -159,8 +159,12 @@ class RewardPool:
                 j = c.busy[0]
                 error = None
                 if c.replies in ready:
-                    if not self._read(c):
-                        error = f"ChildProcessError: reward function {self.ref} died (exit code {c.proc.poll()})"
+                    if not self._read(c):  # EOF: it died (its exit status follows at once)
+                        try:
+                            code: int | None = c.proc.wait(timeout=5)
+                        except subprocess.TimeoutExpired:
+                            code = None
+                        error = f"ChildProcessError: reward function {self.ref} died (exit code {code})"
                     while error is None and (line := c.line()) is not None:
                         if not c.ready:
                             self._hello(c, line)

@@ -5,9 +5,7 @@ small filesystem (tmpfs) that the test fills. HF engine, one rollout worker, one
 from __future__ import annotations
 
 import errno
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,17 +16,6 @@ from tests.e2e.conftest import LivePlatform, metrics
 from tests.e2e.test_rl_job import _check_journal, _spec, _wait_step
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def _fill(disk: Path) -> Path:

@@ -4,8 +4,6 @@ it crosses a process boundary (Ray pickles it) with its fields. Real small files
 from __future__ import annotations
 
 import pickle
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,17 +11,7 @@ import pytest
 from checkpoints.journal import Journal, JournalFull
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-
-
+@pytest.mark.parametrize("small_disk", ["256k"], indirect=True)
 def test_a_full_disk_is_journal_full_and_leaves_nothing(small_disk: Path) -> None:
     j = Journal(small_disk / "journal")
     j.write_shard(0, 0, [{"x": "a" * 1000}], {})
