@@ -28,6 +28,8 @@ from .watch import KeptLease
 
 log = logging.getLogger(__name__)
 
+QUARANTINED = "QUARANTINED"  # not terminal: `rrl resume` lifts it (see Controller._may_run)
+
 
 class JobDriver(Protocol):
     """What the leader needs to run one job; implemented by ``resilient_rl``.
@@ -81,6 +83,7 @@ class Controller:
         self._lease: KeptLease | None = None
         self._outage: float | None = None  # wall time etcd was first unreachable, until a leader records it
         self._outage_lock = threading.Lock()
+        self._last_outage_end: float | None = None  # a term that ended in an outage is not a job's fault
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -101,6 +104,11 @@ class Controller:
 
     def stop(self) -> None:
         self._stop.set()
+        for job in list(self.drivers):  # a clean hand-over, not a term that died under the job (see _may_run)
+            try:
+                self.update_state(job, runner=None)
+            except (NotLeader, EtcdError, RuntimeError) as e:
+                log.info("job %s: could not record the hand-over: %s", job, e)
         self.election.stop()
 
     def note_etcd_error(self) -> None:
@@ -116,6 +124,7 @@ class Controller:
             since, self._outage = self._outage, None
         if since is None:
             return
+        self._last_outage_end = time.time()
         secs = round(time.time() - since, 1)
         for rec in recs:
             if rec.phase in jobs.TERMINAL or not rec.state:
@@ -235,10 +244,46 @@ class Controller:
                 rec.id, "driver_restart", "the job's driver stopped without finishing; taking the job over again"
             )
         if rec.id not in self.drivers:
+            if not self._may_run(rec):
+                return
             self.drivers[rec.id] = self.driver_factory(self, rec)
         update = self.drivers[rec.id].reconcile(rec)
         if update:
             self.update_state(rec.id, **update)
+
+    def _may_run(self, rec: jobs.JobRecord) -> bool:
+        """The poison-job guard, before this leader starts a job's driver.
+
+        A driver runs inside the leader; a job whose driver makes its leader die or step down
+        would take every controller down in turn. So each start is recorded in the job's state
+        (``runner``: this leader's token and the committed step). A new leader that finds the
+        record of another term counts a strike when that term ended without the job committing
+        a step and not in an etcd outage this controller saw (a clean stop erases the record);
+        at two strikes in a row the job is QUARANTINED with the reason, and no leader runs it
+        until ``rrl resume JOB``. Any committed step clears the strikes."""
+        st = rec.state
+        if rec.phase == QUARANTINED:
+            if float(rec.desired.get("resume") or 0) <= float(st.get("quarantined_at") or 0):
+                return False
+            self.update_state(rec.id, phase="PENDING", reason=None, runner=None, runner_strikes=0)
+            self.event(rec.id, "resumed", "quarantine lifted by `rrl resume`: running the job again")
+            st = {**st, "runner": None, "runner_strikes": 0}
+        prev, strikes = st.get("runner"), int(st.get("runner_strikes") or 0)
+        if prev and prev.get("token") != self.election.token:
+            progressed = int(st.get("step") or 0) > int(prev.get("step") or 0)
+            excused = self._last_outage_end is not None and self._last_outage_end >= float(prev.get("at") or 0)
+            strikes = 0 if progressed or excused else strikes + 1
+        if strikes >= 2:
+            reason = (f"quarantined: the leader running this job died or stepped down {strikes} times in a row "
+                      f"before it committed a step (last: controller {prev.get('by') if prev else '?'}); "
+                      f"`rrl resume {rec.id}` runs it again")  # fmt: skip
+            self.update_state(rec.id, phase=QUARANTINED, reason=reason, quarantined_at=time.time(),
+                              runner=None, runner_strikes=strikes)  # fmt: skip
+            self.event(rec.id, "quarantined", reason, strikes=strikes)
+            return False
+        self.update_state(rec.id, runner={"by": self.id, "token": self.election.token, "at": time.time(),
+                                          "step": int(st.get("step") or 0)}, runner_strikes=strikes)  # fmt: skip
+        return True
 
     def _drop_driver(self, job: str) -> None:
         d = self.drivers.pop(job, None)

@@ -560,7 +560,8 @@ def cancel(job: Annotated[str, typer.Argument(help="Job id.")], etcd: EtcdOpt = 
 
 @app.command()
 def resume(job: Annotated[str, typer.Argument(help="Job id.")], etcd: EtcdOpt = None, api: ApiOpt = None) -> None:
-    """Resume a PAUSED job now (a job paused on a full journal disk also resumes by itself)."""
+    """Resume a PAUSED job now (a job paused on a full journal disk also resumes by itself), or lift
+    the quarantine of a QUARANTINED one (its driver made two leaders in a row die or step down)."""
     _call(_api(etcd, api), "POST", _jp(job, "/resume"))
     out.print(f"resume requested for {job}")
 

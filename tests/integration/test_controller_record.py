@@ -140,3 +140,71 @@ def test_an_etcd_outage_is_an_event_pair_with_its_length(etcd: EtcdServer) -> No
     finally:
         c.stop()
         t.join(timeout=10)
+
+
+@pytest.mark.slow
+def test_a_job_that_kills_its_leader_twice_is_quarantined_until_resumed(etcd: EtcdServer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    from controller import events
+    from tests.conftest import REPO
+
+    store = etcd.store()
+    flag = tmp_path / "poison"
+    flag.touch()
+    job_id, spec_json, desired = _validate_spec({"name": "poison", "model": {"init": {}}, "steps": 5})
+    jobs.submit(store, job_id, spec_json, desired)
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def controller(cid: str) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen([sys.executable, "-m", "tests.helpers.poison_controller", etcd.endpoint, cid, str(flag)],
+                             cwd=REPO, start_new_session=True)  # fmt: skip
+        procs.append(p)
+        return p
+
+    try:
+        for cid in ("poison-a", "poison-b"):  # each leads, starts the job's driver, and dies of it
+            assert controller(cid).wait(timeout=60) == -9, cid
+        c = controller("poison-c")  # the third leader refuses to run it
+        deadline = time.monotonic() + 60
+        while (rec := jobs.get(store, "poison")).phase != "QUARANTINED":
+            assert c.poll() is None, "the third controller died too: the job was not quarantined"
+            assert time.monotonic() < deadline, rec.state
+            time.sleep(0.1)
+        assert rec.state["runner_strikes"] == 2 and "died or stepped down 2 times in a row" in rec.state["reason"]
+        assert "`rrl resume poison`" in rec.state["reason"]
+        time.sleep(2)
+        assert c.poll() is None and jobs.get(store, "poison").phase == "QUARANTINED"  # it stays so
+        flag.unlink()  # the job is mended; the operator resumes it
+        jobs.resume(store, "poison")
+        while jobs.get(store, "poison").phase != "RUNNING":
+            assert time.monotonic() < deadline + 30, jobs.get(store, "poison").state
+            time.sleep(0.1)
+        kinds = [e["kind"] for e in events.read(store, "poison", limit=100)]
+        assert "quarantined" in kinds and kinds.index("resumed") > kinds.index("quarantined")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=20)
+
+
+@pytest.mark.slow
+def test_leaders_that_stop_cleanly_hand_the_job_over_without_a_strike(etcd: EtcdServer) -> None:
+    """Leaders that stop cleanly (rrl down, SIGTERM) hand the job over without a strike."""
+    store = etcd.store()
+    job_id, spec_json, desired = _validate_spec({"name": "calm2", "model": {"init": {}}, "steps": 5})
+    jobs.submit(store, job_id, spec_json, desired)
+    for cid in ("calm-a", "calm-b", "calm-c"):
+        c = Controller(etcd.store(), cid, ttl=2, driver_factory=IdleDriver, interval=0.2)
+        t = threading.Thread(target=c.run, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 30
+        while (jobs.get(store, "calm2").state.get("runner") or {}).get("by") != cid:
+            assert time.monotonic() < deadline, jobs.get(store, "calm2").state
+            time.sleep(0.05)
+        c.stop()
+        t.join(timeout=10)
+        st = jobs.get(store, "calm2").state
+        assert st.get("runner") is None and st.get("runner_strikes", 0) == 0 and st["phase"] == "RUNNING", st
