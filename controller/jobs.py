@@ -194,8 +194,19 @@ def update_desired(store: Store, job_id: str, expect: dict[str, Any] | None = No
     raise RuntimeError(f"desired state of {job_id} kept changing under us; try again")
 
 
+RESUMABLE = ("PAUSED", "QUARANTINED")
+
+
+class NotResumable(Exception):
+    """``resume`` of a job that is neither PAUSED nor QUARANTINED."""
+
+
 def resume(store: Store, job_id: str) -> dict[str, Any]:
-    """Ask the leader to resume a PAUSED job now (it also resumes by itself once the cause is gone)."""
+    """Ask the leader to resume a PAUSED job now (it also resumes by itself once the cause is gone)
+    or to lift a QUARANTINED job's quarantine. Raises :class:`NotResumable` in another phase."""
+    phase = get(store, job_id).phase
+    if phase not in RESUMABLE:
+        raise NotResumable(f"job {job_id!r} is {phase}: only a PAUSED or QUARANTINED job can be resumed")
     return update_desired(store, job_id, resume=time.time())
 
 

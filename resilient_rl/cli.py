@@ -141,6 +141,8 @@ def _remove_data(rec: Any) -> list[str]:
         p = work / name
         if name == "model" and not (p / "rrl_model_init.json").exists():
             continue  # not made by rrl
+        if name in ("journal", "snapshots") and p.is_dir() and any(not x.name.startswith("step-") for x in p.iterdir()):
+            continue  # holds something rrl did not write: left alone
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         elif p.exists() or p.is_symlink():

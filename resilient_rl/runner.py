@@ -388,6 +388,7 @@ class JobRunner:
         """Enter PAUSED when nothing trains; leave it when the disk has room again (twice the
         largest shard, at least 8 MB) or on ``rrl resume``."""
         if self.paused is None:
+            self.resume_asked = False  # a resume asked while nothing was paused resumes nothing later
             return
         now = time.monotonic()
         if not self.paused_recorded:

@@ -258,6 +258,10 @@ def create_app(
     async def _not_finished(_: Request, e: jobs.JobNotFinished) -> JSONResponse:
         return JSONResponse({"detail": str(e)}, 409)
 
+    @app.exception_handler(jobs.NotResumable)
+    async def _not_resumable(_: Request, e: jobs.NotResumable) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, 409)
+
     @app.exception_handler(jobs.DesiredChanged)
     async def _changed(_: Request, e: jobs.DesiredChanged) -> JSONResponse:
         return JSONResponse({"detail": str(e)}, 409)

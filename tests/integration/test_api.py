@@ -194,6 +194,8 @@ def test_delete_frees_a_finished_jobs_name_and_refuses_a_live_one(ctls: tuple[Ct
     while jobs.get(etcd.store(), "again").phase != "CANCELLED":
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    r = httpx.post(f"{u}/again/resume", headers=AUTH)
+    assert r.status_code == 409 and "only a PAUSED or QUARANTINED job can be resumed" in r.json()["detail"]
     r = httpx.delete(f"{u}/again", headers=AUTH)
     assert r.status_code == 200, r.text
     assert etcd.store().range(keys.job("again"))[0] == []  # spec, desired, state, events: all gone
