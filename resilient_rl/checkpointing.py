@@ -24,6 +24,8 @@ from typing import Any
 
 from checkpoints.snapshots import SnapshotCorrupt, collect_garbage, list_snapshots, retained, snapshot_dir, verify
 
+from .errors import worker_cause
+
 log = logging.getLogger(__name__)
 
 
@@ -51,7 +53,7 @@ class SnapshotFlow:
                               timeout=self.deadline_s())  # fmt: skip
         except Exception as e:  # a rank died or hangs while staging: no snapshot; the step loop sees it next
             self.r.c.event(self.r.job, "snapshot_failed", f"snapshot at step {step} failed while staging: "
-                           f"{type(getattr(e, 'cause', None) or e).__name__}", step=step)  # fmt: skip
+                           f"{type(worker_cause(e)).__name__}", step=step)  # fmt: skip
             return
         self.blocking_s = max(x["blocking_s"] for x in started)
         self.waits = [t.wait_snapshot.remote() for t in self.group.ranks]
@@ -81,7 +83,7 @@ class SnapshotFlow:
                 info = ray.get(self.group.ranks[0].commit_snapshot.remote(str(self.root), step, meta),
                                timeout=self.deadline_s())  # fmt: skip
         except Exception as e:  # a rank died or the manifest write failed: this snapshot never commits
-            errors = [f"{type(getattr(e, 'cause', None) or e).__name__}: {str(getattr(e, 'cause', None) or e)[:300]}"]
+            errors = [f"{type(worker_cause(e)).__name__}: {str(worker_cause(e))[:300]}"]
         if errors:
             self.r.c.event(self.r.job, "snapshot_failed", f"snapshot at step {step} failed: {errors[0]}", step=step)
             self._collect()

@@ -709,7 +709,9 @@ def verify(
                 segments=segments,
             )  # fmt: skip
         except Exception as e:  # a corrupt or missing journal file is a verification failure, said plainly
-            cause = getattr(e, "cause", e)
+            from .errors import worker_cause
+
+            cause = worker_cause(e)
             out.print(f"[red]mismatch[/]: replay failed: {type(cause).__name__}: {str(cause).strip().splitlines()[0]}")
             raise typer.Exit(1) from None
     if actual == expected:

@@ -22,6 +22,8 @@ import time
 from collections import deque
 from typing import Any
 
+from .errors import JobFailed, describe_error, is_stale
+
 log = logging.getLogger(__name__)
 
 
@@ -32,8 +34,6 @@ class RestartBudget:
 
     def spend(self) -> None:
         """Record one restart; raise ``JobFailed`` when the budget is exhausted."""
-        from .runner import JobFailed
-
         now = time.monotonic()
         self.times.append(now)
         while self.times and now - self.times[0] > self.window:
@@ -43,13 +43,6 @@ class RestartBudget:
                 f"{self.group} group restarted {len(self.times)} times within {self.window:.0f}s "
                 f"(fault.max_restarts = {self.limit}): giving up on a crash loop"
             )
-
-
-def _is_stale(e: BaseException) -> bool:
-    """True if ``e`` (possibly Ray's wrapper) is a worker refusing a stale leader's call."""
-    from .fencing import StaleLeader
-
-    return isinstance(e, StaleLeader) or isinstance(getattr(e, "cause", None), StaleLeader)
 
 
 def _find_actor(name: str, namespace: str) -> Any:
@@ -140,7 +133,7 @@ class RolloutGroup:
             try:
                 ray.get(ref, timeout=0)
             except Exception as e:
-                if _is_stale(e):
+                if is_stale(e):
                     raise self.r.not_leader(e) from None
                 log.warning("rollout worker %d could not join (%s): replacing it", i, type(e).__name__)
                 del self.joining[ref]
@@ -170,7 +163,7 @@ class RolloutGroup:
         try:
             version = ray.get(ref)
         except Exception as e:  # the new worker died while starting: try again (budgeted, backed off)
-            if _is_stale(e):
+            if is_stale(e):
                 raise self.r.not_leader(e) from None
             self.fault(i, e)
             return True
@@ -245,15 +238,6 @@ class RolloutGroup:
                 ray.kill(w)
                 self.r.c.event(self.r.job, "scale", f"rollout: worker {i} drained and stopped (desired {want})",
                                worker=i)  # fmt: skip
-
-
-def describe_error(err: BaseException) -> str:
-    """One line for events and failure reasons: the worker's own exception rather than Ray's
-    wrapper (``RayTaskError.cause``) and traceback; Ray's long "The actor ..." text is dropped."""
-    cause = getattr(err, "cause", None)
-    e = cause if isinstance(cause, BaseException) else err
-    text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-    return f"{type(e).__name__}{': ' + text if text and not text.startswith('The actor') else ''}"
 
 
 class WeightStore:
@@ -366,7 +350,7 @@ class TrainerGroup:
             try:
                 status = ray.get([a.adopt.remote(self.r.token, self.r.spec.digest()) for a in found], timeout=answer_s)
             except Exception as e:
-                if _is_stale(e):
+                if is_stale(e):
                     raise self.r.not_leader(e) from None
                 log.warning("job %s: trainer ranks not adoptable (%s): restarting them", self.r.job, describe_error(e))
                 return None

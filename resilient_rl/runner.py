@@ -38,7 +38,8 @@ from controller.store import EtcdError
 
 from .autoscale import Autoscaler
 from .checkpointing import SnapshotFlow, close_inflight
-from .groups import RolloutGroup, TrainerGroup, describe_error
+from .errors import JobFailed, describe_error, is_stale, worker_cause
+from .groups import RolloutGroup, TrainerGroup
 from .reward_guard import RewardErrorWindow
 from .sampler import prompt_indices
 from .spec import JobSpec
@@ -57,10 +58,6 @@ def job_workdir(spec: JobSpec) -> Path:
     from .local import rrl_home
 
     return Path(spec.checkpoint.dir) if spec.checkpoint.dir else rrl_home() / "jobs" / spec.name
-
-
-class JobFailed(Exception):
-    """The job cannot go on; the message is the failure reason shown to the user."""
 
 
 class JobRunner:
@@ -308,7 +305,7 @@ class JobRunner:
                 try:
                     results = ray.get(train_refs)  # StepRejected and other errors fail the job
                 except Exception as e:
-                    if _stale(e):
+                    if is_stale(e):
                         raise self.not_leader(e) from None
                     raise
                 train_refs = []
@@ -340,9 +337,9 @@ class JobRunner:
                     rollouts.fault(w, e)
                     continue
                 except Exception as e:
-                    if _stale(e):
+                    if is_stale(e):
                         raise self.not_leader(e) from None
-                    full = _cause(e)
+                    full = worker_cause(e)
                     if not isinstance(full, JournalFull):
                         raise
                     queue.appendleft((step, shard, idx))  # generated again once there is space
@@ -691,18 +688,6 @@ def _actor_error(refs: list[Any]) -> BaseException | None:
         except Exception:  # other errors are raised where the results are read
             continue
     return None
-
-
-def _cause(e: BaseException) -> BaseException:
-    """The worker's own exception inside Ray's wrapper (``RayTaskError.cause``), else ``e``."""
-    cause = getattr(e, "cause", None)
-    return cause if isinstance(cause, BaseException) else e
-
-
-def _stale(e: BaseException) -> bool:
-    from .fencing import StaleLeader
-
-    return isinstance(e, StaleLeader) or isinstance(getattr(e, "cause", None), StaleLeader)
 
 
 _ray_lock = threading.Lock()

@@ -250,21 +250,12 @@ def create_app(
     async def _invalid(_: Request, e: keys.InvalidId) -> JSONResponse:
         return JSONResponse({"detail": [{"loc": ["path", "job"], "msg": str(e), "type": "value_error"}]}, 422)
 
-    @app.exception_handler(jobs.JobExists)
-    async def _exists(_: Request, e: jobs.JobExists) -> JSONResponse:
+    async def _conflict(_: Request, e: Exception) -> JSONResponse:
         return JSONResponse({"detail": str(e)}, 409)
 
-    @app.exception_handler(jobs.JobNotFinished)
-    async def _not_finished(_: Request, e: jobs.JobNotFinished) -> JSONResponse:
-        return JSONResponse({"detail": str(e)}, 409)
-
-    @app.exception_handler(jobs.NotResumable)
-    async def _not_resumable(_: Request, e: jobs.NotResumable) -> JSONResponse:
-        return JSONResponse({"detail": str(e)}, 409)
-
-    @app.exception_handler(jobs.DesiredChanged)
-    async def _changed(_: Request, e: jobs.DesiredChanged) -> JSONResponse:
-        return JSONResponse({"detail": str(e)}, 409)
+    # the request clashes with the job's current state: the message says what it is now
+    for conflict in (jobs.JobExists, jobs.JobNotFinished, jobs.NotResumable, jobs.DesiredChanged):
+        app.add_exception_handler(conflict, _conflict)
 
     @app.exception_handler(EtcdError)
     async def _etcd(_: Request, e: EtcdError) -> JSONResponse:

@@ -26,6 +26,7 @@ from controller import events as events_mod
 from controller import jobs
 from controller.store import EtcdError, Store
 
+from ..errors import worker_cause
 from . import measure, report
 from .artefacts import collect
 from .cluster import ChaosCluster
@@ -257,7 +258,7 @@ def _replays(
     try:
         replay: dict[str, Any] = {"digest": replay_digest(spec, steps, cluster.ray_address, endpoints), "steps": steps}
     except Exception as e:  # a missing / corrupt journal batch: a failed invariant, not a crash
-        cause = getattr(e, "cause", None) or e
+        cause = worker_cause(e)
         replay = {"error": f"{type(cause).__name__}: {str(cause).strip()[:300]}"}
     restore = None
     # the newest intact snapshot before the end (so some steps are replayed after the restore)
@@ -275,7 +276,7 @@ def _replays(
                 "digest": restore_digest(spec, cp["uri"], steps, cluster.ray_address, endpoints),
             }
         except Exception as e:
-            cause = getattr(e, "cause", None) or e
+            cause = worker_cause(e)
             restore = {"step": cp["step"], "error": f"{type(cause).__name__}: {str(cause).strip()[:300]}"}
         break
     return replay, restore
