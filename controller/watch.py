@@ -19,7 +19,7 @@ import grpc
 from pyetcd import etcdrpc
 from pyetcd.etcdrpc import kv_pb2
 
-from .store import KV, EtcdError, EtcdUnavailable, WatchEvent, _b, _prefix_end
+from .etcd_types import KV, EtcdError, EtcdUnavailable, WatchEvent, _b, _prefix_end
 
 if TYPE_CHECKING:
     from .store import Store
