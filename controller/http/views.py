@@ -82,10 +82,13 @@ def recovered_count(events: list[dict[str, Any]]) -> int:
 
 
 def restarts(events: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
-    """Restarts per ``(group, worker)`` from fault events (a trainer restart restarts every rank)."""
+    """Restarts per ``(group, worker)`` from fault events (a trainer restart restarts every rank).
+
+    Every replacement of a rollout worker has exactly one ``rollout_fault`` (a hang is a
+    ``rollout_hang`` *and* the ``rollout_fault`` of its replacement: counted once)."""
     out: dict[tuple[str, str], int] = {}
     for ev in events:
-        if ev.get("kind") in ("rollout_fault", "rollout_hang") and ev.get("worker") is not None:
+        if ev.get("kind") == "rollout_fault" and ev.get("worker") is not None:
             key = ("rollout", str(ev["worker"]))
             out[key] = out.get(key, 0) + 1
         elif ev.get("kind") == "trainer_restart" and is_fault(ev):
