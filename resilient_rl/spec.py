@@ -50,7 +50,7 @@ class _Section(BaseModel):
 
 def Size(default: Any = ..., *, why: str, **kw: Any) -> Any:  # noqa: N802 (reads as a Field kind)
     """A bounded size field: ``le`` is required and ``why`` says what the bound protects; the
-    message of a value above it carries the reason (see :func:`parse_spec`)."""
+    message of a value above it carries the reason (see ``_Section._upper_bound``)."""
     assert "le" in kw or "lt" in kw, "a size field needs an upper bound"
     return Field(default, json_schema_extra={"why": why}, **kw)
 
