@@ -465,12 +465,15 @@ def _follow(client: Any, job: str) -> int:
                 info += f"  reward {reward:.3f}"
             if st.get("tokens_per_s"):
                 info += f"  {st['tokens_per_s']:.0f} tok/s"
+            if rec["phase"] == "PAUSED" and st.get("reason"):  # it resumes by itself: say why it waits
+                info += f"  {st['reason']}"
             bar.update(task, completed=st.get("step", 0), phase=rec["phase"], info=info)
-            if rec["phase"] in TERMINAL:
+            if rec["phase"] in (*TERMINAL, "QUARANTINED"):  # quarantined: nothing runs it until `rrl resume`
                 break
             time.sleep(1.0)
     st = rec["state"]
-    took = (st.get("finished_at") or time.time()) - (st.get("started_at") or time.time())
+    now = time.time()
+    took = max(0.0, (st.get("finished_at") or now) - (st.get("started_at") or now))
     colour = "green" if rec["phase"] == "SUCCEEDED" else "red"
     out.print(f"[{colour}]{job} {rec['phase']}[/] after {st.get('step', 0)}/{total} steps in {took:.0f}s"
               + (f": {st['reason']}" if st.get("reason") else ""))  # fmt: skip
