@@ -65,3 +65,13 @@ class WatchEvent:
     key: str
     value: bytes
     revision: int
+
+
+def closed_under_us(e: BaseException) -> bool:
+    """A call refused before it was sent because another thread's ``Store._rotate`` closed
+    the shared channel: grpc raises ValueError for it ("Cannot invoke RPC on closed channel!",
+    "Cannot invoke RPC: Channel closed!"), not an RpcError. Nothing reached etcd, so it is
+    safe to repeat on a fresh channel, even a write. (A call already in flight when the channel
+    closes ends as an RpcError CANCELLED "Channel closed!" instead: see ``Store._call``.)"""
+    low = str(e).lower()
+    return isinstance(e, ValueError) and ("channel closed" in low or "closed channel" in low)

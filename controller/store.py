@@ -23,6 +23,7 @@ import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ import tenacity
 from pyetcd import etcdrpc
 
 # shared with controller/watch.py, apart so the two do not import each other (re-exported: callers import them here)
-from .etcd_types import KV, EtcdError, EtcdUnavailable, WatchEvent, _b, _prefix_end  # noqa: F401
+from .etcd_types import KV, EtcdError, EtcdUnavailable, WatchEvent, _b, _prefix_end, closed_under_us  # noqa: F401
 
 if TYPE_CHECKING:
     from .watch import KeptLease, Watch
@@ -41,6 +42,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def _transient(e: grpc.RpcError) -> bool:
+    """Worth a retry on another channel: etcd unreachable or slow, or the call was in flight on
+    a channel that another thread's reconnect closed (CANCELLED "Channel closed!"; like a
+    deadline, ambiguous for a write: it may have been applied)."""
+    code = e.code()
+    return code in _TRANSIENT or (code == grpc.StatusCode.CANCELLED and "channel closed" in (e.details() or "").lower())
 
 
 # --- compares and operations for txn -----------------------------------------
@@ -235,6 +244,8 @@ class Store:
         self._lock = threading.Lock()
         self._ep_index = random.randrange(len(self.endpoints))
         self._channel: grpc.Channel | None = None
+        # channels dropped by _rotate, closed only once no call can still be on them (see _rotate)
+        self._retired: list[tuple[float, grpc.Channel]] = []
         self._metadata: tuple[tuple[str, str], ...] | None = None
         self._closed = False
 
@@ -294,7 +305,7 @@ class Store:
         code, details = e.code(), e.details() or ""
         ep = self.endpoints[self._ep_index] if method == "Authenticate" else ",".join(self.endpoints)
         low = details.lower()
-        if code in _TRANSIENT:
+        if _transient(e):
             hint = ""
             if any(w in low for w in _TLS_WORDS) or (not self.tls and "socket closed" in low):
                 hint = self._tls_hint()
@@ -330,19 +341,41 @@ class Store:
         with self._lock:
             if self._closed:
                 raise EtcdError("store is closed")
+            if self._retired:
+                self._close_retired_locked()
             return self._connect_locked(), self._metadata
 
     def _rotate(self, failed: grpc.Channel | None) -> None:
-        """Drop a failed channel; move to the next endpoint if there are several."""
+        """Drop a failed channel; move to the next endpoint if there are several.
+
+        The channel is shared: other threads may be making a stub or a call on it right now
+        (a lease's keep-alive, a watch, the controller's loop). Closing it under them makes
+        grpc raise ValueError, end calls in flight as CANCELLED, or crash the process outright
+        (a stub made on a closed channel segfaults grpc 1.85). So it is retired, and closed
+        once it is older than any call's deadline; a watch stream on it then reconnects.
+        """
         with self._lock:
             if failed is not None and self._channel is failed:
-                self._channel.close()
+                self._retired.append((time.monotonic(), failed))
                 self._channel = None
                 self._ep_index = (self._ep_index + 1) % len(self.endpoints)
+            self._close_retired_locked()
+
+    def _close_retired_locked(self, grace: float | None = None) -> None:
+        grace = max(30.0, 3 * self.timeout) if grace is None else grace
+        now = time.monotonic()
+        keep = []
+        for at, ch in self._retired:
+            if now - at >= grace:
+                ch.close()
+            else:
+                keep.append((at, ch))
+        self._retired = keep
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._close_retired_locked(grace=0.0)
             if self._channel is not None:
                 self._channel.close()
                 self._channel = None
@@ -365,9 +398,14 @@ class Store:
                 channel, md = self._stubs()
                 try:
                     return getattr(stub_cls(channel), method)(request, timeout=self.timeout, metadata=md)
+                except ValueError as e:
+                    if not closed_under_us(e):
+                        raise
+                    if attempt == 0:
+                        continue  # a concurrent reconnect closed it: once more on the new channel
+                    raise EtcdUnavailable(f"etcd {method}: the connection was closed by a reconnect") from e
                 except grpc.RpcError as e:
-                    code = e.code()
-                    if code in _TRANSIENT:
+                    if _transient(e):
                         self._rotate(channel)
                     elif attempt == 0 and md is not None and any(t in (e.details() or "") for t in _STALE_TOKEN):
                         self._drop_token(md)  # etcd restarted (or the token expired): log in again, once
@@ -382,8 +420,8 @@ class Store:
             if not isinstance(exc, EtcdUnavailable):
                 return False
             cause = exc.__cause__
-            if not read and isinstance(cause, grpc.RpcError) and cause.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return False
+            if not read and isinstance(cause, grpc.RpcError) and cause.code() != grpc.StatusCode.UNAVAILABLE:
+                return False  # a deadline or a cancel in flight: the write may have been applied
             return True
 
         return tenacity.Retrying(
@@ -503,8 +541,12 @@ class Store:
                 iter([etcdrpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=self.timeout, metadata=md
             ):
                 return int(resp.TTL)
+        except ValueError as e:
+            if not closed_under_us(e):
+                raise
+            raise EtcdUnavailable("etcd LeaseKeepAlive: the connection was closed by a reconnect") from e
         except grpc.RpcError as e:
-            if e.code() in _TRANSIENT:
+            if _transient(e):
                 self._rotate(channel)
             elif md is not None and any(t in (e.details() or "") for t in _STALE_TOKEN):
                 self._drop_token(md)

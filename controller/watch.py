@@ -19,7 +19,7 @@ import grpc
 from pyetcd import etcdrpc
 from pyetcd.etcdrpc import kv_pb2
 
-from .etcd_types import KV, EtcdError, EtcdUnavailable, WatchEvent, _b, _prefix_end
+from .etcd_types import KV, EtcdError, EtcdUnavailable, WatchEvent, _b, _prefix_end, closed_under_us
 
 if TYPE_CHECKING:
     from .store import Store
@@ -231,6 +231,12 @@ class Watch:
                 self.store._rotate(channel)
             except EtcdUnavailable as e:
                 log.info("watch %s: %s, retrying", self.prefix, e)
+            except ValueError as e:
+                if not closed_under_us(e):
+                    self._q.put(EtcdError(f"watch {self.prefix} failed: {e!r}"))
+                    return
+                self.reconnects += 1  # another thread's reconnect closed the channel: open a new one
+                log.info("watch %s: channel closed by a reconnect, reopening", self.prefix)
             except Exception as e:  # noqa: BLE001 - surfaced to the consumer, not swallowed
                 self._q.put(e if isinstance(e, EtcdError) else EtcdError(f"watch {self.prefix} failed: {e!r}"))
                 return

@@ -182,3 +182,77 @@ def test_job_listing_skips_each_jobs_history_and_reads_members_only_on_request(s
     assert lean["a"].members == {} and lean["a"].checkpoints == []
     assert lean["a"].spec == {"name": "a"} and lean["a"].desired["rollout"] == 1
     assert jobs.get(store, "a").members == full["a"].members  # one job's page still reads everything
+
+
+class _ClosedChannel:
+    """What grpc does on a channel closed before the call (the ValueError), without making a
+    stub on a really closed channel, which crashes grpc 1.85 (a fake at the grpc edge)."""
+
+    def _refuse(self, *a: object, **k: object) -> object:
+        def call(*a: object, **k: object) -> object:
+            raise ValueError("Cannot invoke RPC on closed channel!")
+
+        return call
+
+    unary_unary = unary_stream = stream_unary = stream_stream = _refuse
+
+
+def test_a_reconnect_by_one_thread_breaks_no_other_threads_call(etcd: EtcdServer) -> None:
+    """One thread's failed call drops the shared channel (``_rotate``) while other threads use
+    it. Closing it under them once let a ValueError out of the controller's run thread after an
+    etcd pause, so no leader came back: a dropped channel now stays open for calls in flight,
+    and whatever grpc raises for a closed channel is retried as a transient etcd error."""
+    import os
+    import signal
+
+    store = etcd.store(timeout=3.0, retry_window=10.0)
+    store.put("/t/x", "1")
+    real = store._stubs
+    handed: list[int] = []
+
+    def closed_once():  # type: ignore[no-untyped-def]
+        if not handed:
+            handed.append(1)
+            return _ClosedChannel(), None
+        return real()
+
+    store._stubs = closed_once  # type: ignore[method-assign]
+    kv = store.get("/t/x")  # refused before sending: repeated on the current channel
+    assert kv is not None and kv.value == b"1" and handed
+    handed.clear()
+    store.put("/t/y", "2")  # a write that never went out is repeated too
+    assert handed and store.get("/t/y").value == b"2"  # type: ignore[union-attr]
+    lease = store.lease_grant(5)
+    handed.clear()
+    with pytest.raises(EtcdUnavailable, match="closed by a reconnect"):
+        store.lease_refresh(lease)  # the keep-alive thread retries etcd errors; a ValueError ended it
+    store._stubs = real  # type: ignore[method-assign]
+
+    # a call in flight on the channel another thread drops: it finishes there
+    assert etcd.proc is not None
+    old = real()[0]
+    result: list[object] = []
+    os.kill(etcd.proc.pid, signal.SIGSTOP)
+    try:
+        reader = threading.Thread(target=lambda: result.append(store.get("/t/x")))
+        reader.start()
+        time.sleep(0.5)
+        store._rotate(old)
+        assert real()[0] is not old and store._retired
+        # and when the dropped channel is closed under a call (CANCELLED "Channel closed!"), a read is retried
+        late: list[object] = []
+        second = real()[0]
+        reader2 = threading.Thread(target=lambda: late.append(store.get("/t/x")))
+        reader2.start()
+        time.sleep(0.5)
+        with store._lock:
+            store._channel = None
+            store._retired.append((0.0, second))
+            store._close_retired_locked(grace=0.0)
+    finally:
+        os.kill(etcd.proc.pid, signal.SIGCONT)
+    reader.join(timeout=15)
+    reader2.join(timeout=15)
+    assert result and result[0].value == b"1"  # type: ignore[attr-defined]
+    assert late and late[0].value == b"1"  # type: ignore[attr-defined]
+    assert not store._retired  # both dropped channels are closed now
