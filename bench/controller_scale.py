@@ -10,7 +10,7 @@ What runs, per measured run (a fresh etcd, controller and simulators each time):
   (registration, election, and the leader's reconcile loop: every 0.5 s
   ``jobs.list_all(detail=False)``, one key read per job plus a txn of its spec/desired/state:
   since 2f37a03 it no longer reads every member, which it did before) with a
-  driver whose ``reconcile`` returns None, which is what ``resilient_rl.runner``'s driver does
+  driver whose ``reconcile`` returns None, which is what ``resilient_rl.job.runner``'s driver does
   per pass (it only copies ``rec.desired``; its Ray loop is not run here), plus one
   ``controller.membership.MembershipView`` on ``jobs/{job}/members/`` whose ``on_leave``
   records the wall time each leave is seen. Note: no product code constructs a MembershipView
@@ -312,7 +312,7 @@ class _Sim:
 
 
 class _NullDriver:
-    """What ``resilient_rl.runner``'s driver does per reconcile pass, minus its Ray loop."""
+    """What ``resilient_rl.job.runner``'s driver does per reconcile pass, minus its Ray loop."""
 
     def __init__(self) -> None:
         self.desired: dict[str, Any] = {}

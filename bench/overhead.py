@@ -9,8 +9,8 @@ engine after every step) is run three ways:
 
 (a) ``bare``: one process, no Ray, no etcd, no journal, written here. It builds the model
     the job's ``model.init`` describes, the task, the engine class the rollout worker uses
-    (:func:`resilient_rl.engines.make_engine`) and the trainer's optimizer and reference
-    model, then per step: the prompts of the step (:func:`resilient_rl.sampler.prompt_indices`),
+    (:func:`resilient_rl.workers.engines.make_engine`) and the trainer's optimizer and reference
+    model, then per step: the prompts of the step (:func:`resilient_rl.algo.sampler.prompt_indices`),
     one ``generate`` of ``prompts x n`` completions with the per-sample seeds and rewards as
     :meth:`RolloutWorker.generate_shard` makes them, the train step of
     :meth:`TrainerRank.train_step` (same advantages, micro-batches, loss, clipping) and
@@ -141,13 +141,13 @@ def bare_loop(spec_dict: dict[str, Any], workdir: Path, warmup: int, profile: Pa
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers import AutoModelForCausalLM
 
-    from resilient_rl.engines import Sampling, make_engine
-    from resilient_rl.grpo import group_advantages, grpo_loss, sequence_logprobs
-    from resilient_rl.model_init import make_tiny_model
-    from resilient_rl.sampler import prompt_indices, sample_seed
+    from resilient_rl.algo.grpo import group_advantages, grpo_loss, sequence_logprobs
+    from resilient_rl.algo.sampler import prompt_indices, sample_seed
+    from resilient_rl.algo.tasks import VOCAB_CHARS, make_task
     from resilient_rl.spec import parse_spec
-    from resilient_rl.tasks import VOCAB_CHARS, make_task
-    from resilient_rl.trainer import batch_tensors
+    from resilient_rl.workers.engines import Sampling, make_engine
+    from resilient_rl.workers.model_init import make_tiny_model
+    from resilient_rl.workers.trainer import batch_tensors
 
     t_start = time.monotonic()
     spec = parse_spec(spec_dict, "overhead")

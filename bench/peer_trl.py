@@ -3,7 +3,7 @@
 .venv/bin/python -m bench peer [--repeats 3] [--max-steps 400] ...     (needs ``pip install -e '.[bench]'``)
 
 All three systems train the same job: ``examples/copy-tiny.yaml`` (the ``make demo`` job). Same tiny random
-Qwen2 model (``model.init`` of that file, written once with ``resilient_rl.model_init.make_tiny_model``, which
+Qwen2 model (``model.init`` of that file, written once with ``resilient_rl.workers.model_init.make_tiny_model``, which
 is what the job does itself), same copy task and prompt order (rrl's stateless sampler, ``prompt_indices``,
 gives the prompts of step k; TRL gets them as an unshuffled dataset in that order), 16 prompts x 8 samples
 per optimizer step, AdamW at a constant lr 1e-3, grad-norm clip 1.0, temperature 1, at most 8 completion
@@ -87,9 +87,9 @@ def job_shape(job: dict[str, Any]) -> dict[str, Any]:
 
 def make_model(folder: Path, job: dict[str, Any]) -> Path:
     """Write the job's tiny model (identical weights: same ``init``, same seed) for the TRL side."""
-    from resilient_rl.model_init import make_tiny_model
+    from resilient_rl.algo.tasks import VOCAB_CHARS
     from resilient_rl.spec import JobSpec
-    from resilient_rl.tasks import VOCAB_CHARS
+    from resilient_rl.workers.model_init import make_tiny_model
 
     init = JobSpec.model_validate(job).model.init
     assert init is not None
@@ -224,9 +224,9 @@ def trl_child(out: Path, model_dir: Path, max_steps: int, max_seconds: float, wi
         return 3
     import torch
 
-    from resilient_rl.sampler import prompt_indices
+    from resilient_rl.algo.sampler import prompt_indices
+    from resilient_rl.algo.tasks import Example, make_task
     from resilient_rl.spec import TaskSpec
-    from resilient_rl.tasks import Example, make_task
 
     job = load_job()
     shape = job_shape(job)

@@ -67,7 +67,7 @@ TOKEN = 1  # the fencing token the driver adopts the workers with (as a leader w
 
 def _timed_worker_class() -> type:
     """The product's ``RolloutWorker`` with timestamps around ``load_weights`` (see module doc)."""
-    from resilient_rl.rollout import RolloutWorker
+    from resilient_rl.workers.rollout import RolloutWorker
 
     class TimedRolloutWorker(RolloutWorker):
         def __init__(self, *args: Any) -> None:
@@ -134,8 +134,8 @@ class Bench:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from resilient_rl.groups import WeightStore
-        from resilient_rl.trainer import trainer_actor
+        from resilient_rl.workers.trainer import trainer_actor
+        from resilient_rl.workers.weights import WeightStore
 
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         self.store = (
@@ -237,10 +237,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     import ray
 
     from bench.checkpoint_stall import copy_bandwidth
+    from resilient_rl.algo.tasks import VOCAB_CHARS
     from resilient_rl.local import free_port, start_etcd
-    from resilient_rl.model_init import make_tiny_model
     from resilient_rl.spec import TinyModelInit
-    from resilient_rl.tasks import VOCAB_CHARS
+    from resilient_rl.workers.model_init import make_tiny_model
 
     clone_bw, warm_bw = copy_bandwidth()
     print(f"memcpy bandwidth: clone {clone_bw / 2**30:.2f} GiB/s, into a touched buffer {warm_bw / 2**30:.2f} GiB/s")

@@ -129,7 +129,7 @@ def _remove_data(rec: Any) -> list[str]:
     may be a folder of the user's."""
     import shutil
 
-    from .runner import job_workdir
+    from .naming import MODEL_MARKER, job_workdir
     from .spec import JobSpec
 
     try:
@@ -139,7 +139,7 @@ def _remove_data(rec: Any) -> list[str]:
     removed = []
     for name in ("journal", "snapshots", "metrics.jsonl", "model"):
         p = work / name
-        if name == "model" and not (p / "rrl_model_init.json").exists():
+        if name == "model" and not (p / MODEL_MARKER).exists():
             continue  # not made by rrl
         if name in ("journal", "snapshots") and p.is_dir() and any(not x.name.startswith("step-") for x in p.iterdir()):
             continue  # holds something rrl did not write: left alone
@@ -167,7 +167,7 @@ def _metrics_path(rec: Any) -> Path | None:
     """Where the job's runner writes metrics.jsonl (read by the page's plots when on this host)."""
     key = (rec.id, rec.desired.get("submitted_at", 0.0))
     if key not in _workdirs:
-        from .runner import job_workdir
+        from .naming import job_workdir
         from .spec import JobSpec
 
         try:
@@ -278,8 +278,8 @@ def init_model(
         )
     except ValidationError as e:
         fail("; ".join(err["msg"] for err in e.errors()), 2)
-    from .model_init import make_tiny_model
-    from .tasks import VOCAB_CHARS
+    from .algo.tasks import VOCAB_CHARS
+    from .workers.model_init import make_tiny_model
 
     path = make_tiny_model(out_dir, init, VOCAB_CHARS)
     out.print(f"wrote tiny model to {path}")
@@ -336,9 +336,9 @@ def controller(
     from controller.http.server import HttpServer
     from controller.service import Controller
 
+    from .job.reaper import WorkerReaper
+    from .job.runner import runner_factory  # light: Ray is imported when the first job runs
     from .local import ensure_token, token_path
-    from .reaper import WorkerReaper
-    from .runner import runner_factory  # light: Ray is imported when the first job runs
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     password = None

@@ -17,7 +17,7 @@ def worker_cause(e: BaseException) -> BaseException:
 
 def is_stale(e: BaseException) -> bool:
     """True if ``e`` (possibly Ray's wrapper) is a worker refusing a stale leader's call."""
-    from .fencing import StaleLeader
+    from .workers.fencing import StaleLeader
 
     return isinstance(worker_cause(e), StaleLeader)
 

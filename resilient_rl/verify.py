@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .runner import NAMESPACE, job_workdir
+from .naming import NAMESPACE, job_workdir
 from .spec import JobSpec
 
 
@@ -134,7 +134,7 @@ def _run_part(
     ``handoff``, the snapshot of the state at ``part.end`` for the next part."""
     import ray
 
-    from .trainer import trainer_actor
+    from .workers.trainer import trainer_actor
 
     workdir = job_workdir(spec)
     model_dir = spec.model.path or str(workdir / "model")

@@ -96,8 +96,8 @@ def journal_views(root: Path, steps: int) -> dict[int, BatchView]:
 
 
 def expected_prompts(spec: Any, steps: int) -> dict[int, list[int]]:
-    from ..sampler import prompt_indices
-    from ..tasks import make_task
+    from ..algo.sampler import prompt_indices
+    from ..algo.tasks import make_task
 
     size = len(make_task(spec.task, spec.seed))
     return {k: prompt_indices(spec.seed, k, spec.prompts_per_step, size) for k in range(steps)}

@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from resilient_rl.tasks.rewards import positional_credit
+from resilient_rl.algo.tasks.rewards import positional_credit
 
 
 def copy_credit(prompt: str, completion: str, answer: str) -> float:

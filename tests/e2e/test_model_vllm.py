@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from resilient_rl.model_init import make_tiny_model
 from resilient_rl.spec import TinyModelInit
+from resilient_rl.workers.model_init import make_tiny_model
 
 CHARS = "0123456789:=+copyrevsa "
 # One with a space: vLLM must tokenize text prompts exactly as the trainer's tokenizer does.

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from controller import keys
-from resilient_rl.sampler import prompt_indices
+from resilient_rl.algo.sampler import prompt_indices
 from tests.conftest import run_rrl
 from tests.e2e.conftest import LivePlatform, journal_samples, metrics
 
@@ -78,9 +78,9 @@ def test_vllm_job_commits_steps_and_weight_sync_matches_hf(platform: LivePlatfor
     # weight sync: train one step in a fresh rank, push the weights into a vLLM worker in place,
     # and compare its greedy output with HF generate on the trainer's weights
     ray = platform.ray()
-    from resilient_rl.engines import HFEngine, Sampling
-    from resilient_rl.rollout import RolloutWorker
-    from resilient_rl.trainer import trainer_actor
+    from resilient_rl.workers.engines import HFEngine, Sampling
+    from resilient_rl.workers.rollout import RolloutWorker
+    from resilient_rl.workers.trainer import trainer_actor
 
     spec_json = rec.spec
     import json
@@ -131,7 +131,7 @@ def test_hf_job_with_staleness_and_world_size_invariance(platform: LivePlatform,
     import json
 
     ray = platform.ray()
-    from resilient_rl.trainer import trainer_actor
+    from resilient_rl.workers.trainer import trainer_actor
 
     sj = json.dumps(rec.spec)
     model_dir = str(work / "model")
@@ -301,7 +301,7 @@ def test_snapshot_restores_across_world_sizes(platform: LivePlatform, tmp_path: 
     import json
 
     from checkpoints.snapshots import snapshot_dir
-    from resilient_rl.trainer import trainer_actor
+    from resilient_rl.workers.trainer import trainer_actor
 
     work = tmp_path / "reshard"
     spec = _spec("e2e-reshard", work, steps=5, algorithm={"kl_coef": 0.05},
@@ -406,10 +406,10 @@ def test_adopt_answers_at_once_while_a_rank_is_stuck_in_a_collective(platform: L
     import signal
 
     from checkpoints.journal import Journal
-    from resilient_rl.model_init import make_tiny_model
+    from resilient_rl.algo.tasks import VOCAB_CHARS
     from resilient_rl.spec import parse_spec
-    from resilient_rl.tasks import VOCAB_CHARS
-    from resilient_rl.trainer import trainer_actor
+    from resilient_rl.workers.model_init import make_tiny_model
+    from resilient_rl.workers.trainer import trainer_actor
 
     work = tmp_path / "w"
     spec = parse_spec(_spec("e2e-stuck", work, trainer={"replicas": 2}))

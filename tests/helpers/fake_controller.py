@@ -8,8 +8,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from resilient_rl.reward_guard import RewardErrorWindow
-from resilient_rl.runner import JobRunner
+from resilient_rl.job.reward_guard import RewardErrorWindow
+from resilient_rl.job.runner import JobRunner
 from resilient_rl.spec import parse_spec
 
 

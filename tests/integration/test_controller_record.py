@@ -22,7 +22,7 @@ class BusyDriver:
     then tries to commit step 0 and to finish, as the runner does (same ``expect`` checks)."""
 
     def __init__(self, controller: Controller, rec: jobs.JobRecord, busy_s: float) -> None:
-        from resilient_rl.runner import committable, live
+        from resilient_rl.job.runner import committable, live
 
         self.c, self.job, self.outcome = controller, rec.id, []  # type: ignore[var-annotated]
         self.c.update_state(self.job, expect=live, phase="RUNNING")

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from checkpoints.journal import Journal
+from resilient_rl.algo.tasks import VOCAB_CHARS
 from resilient_rl.local import free_port
-from resilient_rl.model_init import make_tiny_model
 from resilient_rl.spec import parse_spec
-from resilient_rl.tasks import VOCAB_CHARS
-from resilient_rl.trainer import StepRejected, TrainerRank
+from resilient_rl.workers.model_init import make_tiny_model
+from resilient_rl.workers.trainer import StepRejected, TrainerRank
 from tests.conftest import EtcdServer
 
 

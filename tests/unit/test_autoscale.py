@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from resilient_rl.autoscale import Autoscaler
+from resilient_rl.job.autoscale import Autoscaler
 
 
 def test_grows_on_sustained_backlog_up_to_max() -> None:

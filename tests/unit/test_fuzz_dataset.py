@@ -13,8 +13,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resilient_rl.tasks.base import TaskError
-from resilient_rl.tasks.jsonl import JsonlTask
+from resilient_rl.algo.tasks.base import TaskError
+from resilient_rl.algo.tasks.jsonl import JsonlTask
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

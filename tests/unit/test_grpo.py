@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from resilient_rl.grpo import group_advantages, grpo_loss, sequence_logprobs
+from resilient_rl.algo.grpo import group_advantages, grpo_loss, sequence_logprobs
 
 EPS = 0.2
 
@@ -292,7 +292,7 @@ def test_sequence_logprobs_refuses_a_completion_at_position_zero() -> None:
 def test_stale_samples_take_the_engines_logprobs_as_the_behaviour_policy() -> None:
     """async.max_staleness > 0: a trajectory from an older version gets the ratio against the
     engine's logprobs (so the clip can bind); an on-policy one keeps ratio exactly 1."""
-    from resilient_rl.trainer import batch_tensors, behaviour_logprobs
+    from resilient_rl.workers.trainer import batch_tensors, behaviour_logprobs
 
     samples = [
         {"prompt_ids": [1, 2], "token_ids": [3, 4], "logprobs": [-9.0, -9.0], "version": 5},  # current

@@ -97,3 +97,38 @@ def test_no_import_cycle_anywhere_in_the_product() -> None:
         if m not in state:
             visit(m, [m])
     assert cycles == []
+
+
+def test_workers_and_algo_never_import_the_driver() -> None:
+    """The driver (job/, in the controller) calls the workers; never the other way round."""
+    graph = _graph()
+    assert {"resilient_rl.job.runner", "resilient_rl.workers.trainer", "resilient_rl.algo.grpo"} <= set(graph)
+    assert "resilient_rl.workers.trainer" in graph["resilient_rl.job.groups"]  # the scan sees the driver's own uses
+    bad = sorted(
+        f"{m} imports {d}"
+        for m, deps in graph.items()
+        if m.startswith(("resilient_rl.workers", "resilient_rl.algo"))
+        for d in deps
+        if d.startswith("resilient_rl.job")
+    )
+    assert bad == []
+
+
+def test_the_driver_loads_no_torch_vllm_or_transformers() -> None:
+    """Importing every module of job/ (as the controller does) must not load the heavy
+    libraries: they are imported inside the worker actors. Checked in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    mods = sorted(
+        ".".join(p.relative_to(REPO).with_suffix("").parts) for p in (REPO / "resilient_rl" / "job").glob("*.py")
+    )
+    assert "resilient_rl.job.runner" in mods
+    code = (
+        "import importlib, sys\n"
+        f"for m in {mods!r}: importlib.import_module(m)\n"
+        "print(sorted(h for h in ('torch', 'vllm', 'transformers', 'ray') if h in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

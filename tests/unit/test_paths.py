@@ -64,7 +64,7 @@ def test_checkpoint_dir_is_absolute_and_normalised(tmp_path: Path, monkeypatch: 
 
 
 def test_default_workdir_is_inside_rrl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from resilient_rl.runner import job_workdir
+    from resilient_rl.naming import job_workdir
 
     monkeypatch.setenv("RRL_HOME", str(tmp_path))
     spec = parse_spec({"name": "j-1", "model": {"init": {}}})

@@ -4,7 +4,7 @@ only reported; other names are not ours."""
 from __future__ import annotations
 
 from controller.jobs import JobRecord
-from resilient_rl.reaper import parse_actor_name, plan
+from resilient_rl.job.reaper import parse_actor_name, plan
 
 
 def rec(job: str, phase: str) -> JobRecord:

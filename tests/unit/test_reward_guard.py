@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from resilient_rl.reward_guard import RewardErrorWindow
+from resilient_rl.job.reward_guard import RewardErrorWindow
 
 FN = "reward function m:f"
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from resilient_rl.tasks.base import RewardResult, TaskError
-from resilient_rl.tasks.reward_pool import RewardPool
+from resilient_rl.algo.tasks.base import RewardResult, TaskError
+from resilient_rl.algo.tasks.reward_pool import RewardPool
 
 FNS = "tests.unit.reward_fns"
 

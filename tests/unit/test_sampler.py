@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from resilient_rl.sampler import prompt_indices, sample_seed
+from resilient_rl.algo.sampler import prompt_indices, sample_seed
 
 
 def _epoch(seed: int, size: int, per_step: int) -> list[int]:

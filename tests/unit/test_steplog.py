@@ -9,7 +9,7 @@ from typing import Any
 
 from controller import steplog
 from controller.election import NotLeader
-from resilient_rl.runner import committable
+from resilient_rl.job.runner import committable
 from tests.helpers.fake_controller import FakeController, bare_runner
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from checkpoints.snapshots import snapshot_dir, write_manifest
-from resilient_rl.checkpointing import close_inflight
+from resilient_rl.job.checkpointing import close_inflight
 from tests.helpers.fake_controller import FakeController
 from tests.helpers.fake_controller import bare_runner as runner
 

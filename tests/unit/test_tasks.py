@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from resilient_rl.algo.tasks import VOCAB_CHARS, Example, QuarantinedRow, Task, TaskError, make_task
+from resilient_rl.algo.tasks.base import RewardResult
 from resilient_rl.spec import TaskSpec
-from resilient_rl.tasks import VOCAB_CHARS, Example, QuarantinedRow, Task, TaskError, make_task
-from resilient_rl.tasks.base import RewardResult
 
 
 def _task(seed: int = 0, **kw: Any) -> Task:

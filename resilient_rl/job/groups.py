@@ -22,7 +22,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .errors import JobFailed, describe_error, is_stale
+from ..errors import JobFailed, describe_error, is_stale
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class RolloutGroup:
     def _create(self, i: int) -> Any:
         import ray
 
-        from .rollout import RolloutWorker
+        from ..workers.rollout import RolloutWorker
 
         r = self.r.spec.rollout
         return (
@@ -240,36 +240,6 @@ class RolloutGroup:
                                worker=i)  # fmt: skip
 
 
-class WeightStore:
-    """Owns the published weights of a job (actor ``rrl:{job}:weights:0``, no CPU reserved).
-
-    Ray frees an object when its owner dies. Rank 0 hands each new state dict to
-    this actor, which ``ray.put``s it and so owns it: the weights survive trainer
-    restarts. It keeps the newest few versions alive for workers still loading them.
-    """
-
-    def __init__(self) -> None:
-        self.refs: dict[int, Any] = {}
-
-    def put(self, version: int, state: dict[str, Any]) -> list[Any]:
-        import ray
-
-        self.refs[version] = ray.put(state)
-        for v in sorted(self.refs)[:-4]:
-            del self.refs[v]
-        return [self.refs[version]]  # in a list: the caller borrows the reference, we stay owner
-
-    def get(self, version: int) -> list[Any] | None:
-        """The reference of ``version`` if still kept (in a list: the caller borrows it)."""
-        return [self.refs[version]] if version in self.refs else None
-
-    def ping(self) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        """Nothing to leave (no membership); the job's end kills this actor."""
-
-
 class TrainerGroup:
     """All ranks of the trainer, started, restored and replayed together."""
 
@@ -289,8 +259,9 @@ class TrainerGroup:
         (None when k is 0: workers start from the model folder, which is version 0)."""
         import ray
 
+        from ..workers.trainer import trainer_actor
+        from ..workers.weights import WeightStore
         from .checkpointing import choose_restore
-        from .trainer import trainer_actor
 
         self.kill()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

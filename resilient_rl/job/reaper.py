@@ -25,7 +25,8 @@ from typing import Any
 
 from controller import jobs
 
-from .runner import NAMESPACE, _connect_ray
+from ..naming import NAMESPACE
+from .runner import _connect_ray
 
 log = logging.getLogger(__name__)
 

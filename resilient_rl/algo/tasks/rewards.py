@@ -12,7 +12,7 @@ import numbers
 import re
 from collections.abc import Callable
 
-from resilient_rl.tasks.base import RewardResult, TaskError
+from resilient_rl.algo.tasks.base import RewardResult, TaskError
 
 RewardFn = Callable[[str, str, str], float]
 

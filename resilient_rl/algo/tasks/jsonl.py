@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from resilient_rl.tasks.base import Example, QuarantinedRow, RewardResult, Task, TaskError
-from resilient_rl.tasks.rewards import RewardFn, call_reward_fn, exact_match, regex_match
+from resilient_rl.algo.tasks.base import Example, QuarantinedRow, RewardResult, Task, TaskError
+from resilient_rl.algo.tasks.rewards import RewardFn, call_reward_fn, exact_match, regex_match
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,10 @@ from checkpoints.snapshots import snapshot_dir, write_manifest
 from controller.membership import Registration
 from controller.store import Store
 
+from ..algo.grpo import group_advantages, grpo_loss, sequence_logprobs
+from ..naming import NAMESPACE, actor_name
+from ..spec import JobSpec
 from .fencing import check_fence
-from .grpo import group_advantages, grpo_loss, sequence_logprobs
-from .spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +293,7 @@ class TrainerRank:
         """
         state = self.state_dict()
         try:
-            store = ray.get_actor(f"rrl:{self.job}:weights:0", namespace="rrl")
+            store = ray.get_actor(actor_name(self.job, "weights", 0), namespace=NAMESPACE)
         except ValueError:
             return ray.put(state)
         return ray.get(store.put.remote(self.step, state))[0]

@@ -8,7 +8,7 @@ few child processes of the rollout worker; a call that misses its deadline score
 group) and replaced, and the shard goes on. A child that dies mid-call is the
 same: that sample scores 0, a new child takes the next call.
 
-The children are plain ``python -m resilient_rl.tasks.reward_pool REF``
+The children are plain ``python -m resilient_rl.algo.tasks.reward_pool REF``
 processes (not ``multiprocessing``, whose spawn re-imports the Ray worker's main
 module and whose fork copies an engine's threads). They speak JSON lines on a
 private pipe; the user function's own prints go to stderr. Every later user
@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
-from resilient_rl.tasks.base import RewardResult, TaskError
-from resilient_rl.tasks.rewards import call_reward_fn, load_reward_fn
+from resilient_rl.algo.tasks.base import RewardResult, TaskError
+from resilient_rl.algo.tasks.rewards import call_reward_fn, load_reward_fn
 
 _START_TIMEOUT_S = 60.0  # importing the user's module (it may import torch, a tokenizer...)
 
@@ -81,7 +81,7 @@ class RewardPool:
         r, w = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "resilient_rl.tasks.reward_pool", self.ref, str(w)],
+            [sys.executable, "-m", "resilient_rl.algo.tasks.reward_pool", self.ref, str(w)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,  # the child writes replies on fd w; its prints go to stderr
             pass_fds=(w,),

@@ -21,12 +21,12 @@ from checkpoints.journal import Journal, ShardRef
 from controller.membership import Registration
 from controller.store import Store
 
+from ..algo.sampler import sample_seed
+from ..algo.tasks import make_task
+from ..algo.tasks.reward_pool import RewardPool
+from ..spec import JobSpec
 from .engines import Sampling, make_engine
 from .fencing import check_fence
-from .sampler import sample_seed
-from .spec import JobSpec
-from .tasks import make_task
-from .tasks.reward_pool import RewardPool
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,9 @@ from tokenizers import pre_tokenizers
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 from checkpoints.journal import fsync_dir
-from resilient_rl.spec import TinyModelInit
+
+from ..naming import MODEL_MARKER
+from ..spec import TinyModelInit
 
 EOS = "<eos>"
 #: The one special token, id 0; characters follow. Padding reuses it (masked out anyway):
@@ -35,7 +37,7 @@ EOS = "<eos>"
 #: plateaued at ~0.5 on the copy task with completions full of invisible ``<pad>``s).
 TOKENIZER_SPECIALS: tuple[str, ...] = (EOS,)
 #: Written last into a finished model folder; holds the parameters it was made from.
-MARKER = "rrl_model_init.json"
+MARKER = MODEL_MARKER
 #: Bump when the folder layout changes, so older folders are not taken as complete.
 _FORMAT = 2
 MAX_POSITIONS = 512

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 
+from resilient_rl.algo.tasks.base import VOCAB_CHARS, Example, QuarantinedRow, RewardResult, Task, TaskError
+from resilient_rl.algo.tasks.builtin import ArithTask, CopyTask, ReverseTask
+from resilient_rl.algo.tasks.jsonl import JsonlTask
+from resilient_rl.algo.tasks.rewards import load_reward_fn
 from resilient_rl.spec import TaskSpec
-from resilient_rl.tasks.base import VOCAB_CHARS, Example, QuarantinedRow, RewardResult, Task, TaskError
-from resilient_rl.tasks.builtin import ArithTask, CopyTask, ReverseTask
-from resilient_rl.tasks.jsonl import JsonlTask
-from resilient_rl.tasks.rewards import load_reward_fn
 
 __all__ = [
     "VOCAB_CHARS",

@@ -24,7 +24,7 @@ from typing import Any
 
 from checkpoints.snapshots import SnapshotCorrupt, collect_garbage, list_snapshots, retained, snapshot_dir, verify
 
-from .errors import worker_cause
+from ..errors import worker_cause
 
 log = logging.getLogger(__name__)
 

@@ -36,28 +36,18 @@ from controller.election import NotLeader
 from controller.jobs import TERMINAL, JobRecord
 from controller.store import EtcdError
 
+from ..algo.sampler import prompt_indices
+from ..errors import JobFailed, describe_error, is_stale, worker_cause
+from ..naming import MODEL_MARKER, NAMESPACE, actor_name, job_workdir
+from ..spec import JobSpec
 from .autoscale import Autoscaler
 from .checkpointing import SnapshotFlow, close_inflight
-from .errors import JobFailed, describe_error, is_stale, worker_cause
 from .groups import RolloutGroup, TrainerGroup
 from .reward_guard import RewardErrorWindow
-from .sampler import prompt_indices
-from .spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "rrl"
 _RUNNER_SEQ = itertools.count(1)
-
-
-def actor_name(job: str, group: str, index: int) -> str:
-    return f"rrl:{job}:{group}:{index}"
-
-
-def job_workdir(spec: JobSpec) -> Path:
-    from .local import rrl_home
-
-    return Path(spec.checkpoint.dir) if spec.checkpoint.dir else rrl_home() / "jobs" / spec.name
 
 
 class JobRunner:
@@ -586,11 +576,11 @@ class JobRunner:
             if local and not (Path(path).expanduser() / "config.json").exists():
                 raise JobFailed(f"model.path: {path} is not a model folder (no config.json there)")
             return str(Path(path).expanduser()) if local else path
-        from .tasks import VOCAB_CHARS
+        from ..algo.tasks import VOCAB_CHARS
 
         out = str(self.workdir / "model")
         try:  # already made for this job (a new leader, a restart): no worker process needed to say so
-            marker = json.loads((Path(out) / "rrl_model_init.json").read_text())
+            marker = json.loads((Path(out) / MODEL_MARKER).read_text())
             if marker.get("init") == self.spec.model.init.model_dump(mode="json") and (
                 marker.get("vocab_chars") == VOCAB_CHARS
             ):
@@ -662,7 +652,7 @@ def committable(cur: dict[str, Any], k: int) -> None:
 
 def _task_facts(spec_json: str) -> tuple[int, int]:
     """(prompts, quarantined rows) of the job's task, built where it runs: in a Ray worker."""
-    from .tasks import make_task
+    from ..algo.tasks import make_task
 
     spec = JobSpec.model_validate_json(spec_json)
     task = make_task(spec.task, spec.seed)
@@ -670,7 +660,7 @@ def _task_facts(spec_json: str) -> tuple[int, int]:
 
 
 def _make_tiny_model(out: str, init: Any, vocab_chars: str) -> str:
-    from .model_init import make_tiny_model
+    from ..workers.model_init import make_tiny_model
 
     return str(make_tiny_model(out, init, vocab_chars))
 
@@ -716,7 +706,7 @@ def runner_factory(ray_address: str | None, etcd: str, *, preconnect: bool = Tru
             try:
                 _connect_ray(ray_address)
                 # the actor classes' modules (torch, transformers): seconds of import, paid now
-                from . import rollout, trainer  # noqa: F401
+                from ..workers import rollout, trainer  # noqa: F401
             except Exception as e:  # the first job's runner retries and reports it
                 log.warning("could not connect to Ray at %s yet: %s", ray_address, e)
 

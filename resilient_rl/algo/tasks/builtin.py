@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from resilient_rl.tasks.base import Example, RewardResult, Task
-from resilient_rl.tasks.rewards import positional_credit
+from resilient_rl.algo.tasks.base import Example, RewardResult, Task
+from resilient_rl.algo.tasks.rewards import positional_credit
 
 # Salts separate the example streams from other users of the job seed (e.g. the sampler's permutations), so
 # the same seed does not produce correlated draws in unrelated places.
