@@ -203,6 +203,20 @@ class Controller:
                 return new
         raise RuntimeError(f"state of {job} kept changing under us")
 
+    @property
+    def token(self) -> int:
+        """The fencing token of this controller's leadership (0 when not leading)."""
+        return self.election.token
+
+    @property
+    def leads(self) -> bool:
+        """This controller certainly leads now (its lease cannot have run out)."""
+        return self.election.is_leader
+
+    def record_lineage(self, job: str, step: int, segment: dict[str, Any]) -> None:
+        """Record (fenced) the trainer segment that rejoined live training at ``step``."""
+        self.election.fenced_txn(success=[Put(keys.lineage(job, step), json.dumps(segment))])
+
     def record_checkpoint(self, job: str, step: int, info: dict[str, Any]) -> None:
         """Make a durable snapshot visible: its record and ``state.checkpoint`` (fenced)."""
         self.election.fenced_txn(success=[Put(keys.checkpoint(job, step), json.dumps({**info, "step": step}))])

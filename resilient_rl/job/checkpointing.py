@@ -25,6 +25,7 @@ from typing import Any
 from checkpoints.snapshots import SnapshotCorrupt, collect_garbage, list_snapshots, retained, snapshot_dir, verify
 
 from ..errors import worker_cause
+from .context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -32,92 +33,92 @@ log = logging.getLogger(__name__)
 class SnapshotFlow:
     """At most one snapshot in flight for one job; polled by the step loop."""
 
-    def __init__(self, runner: Any, trainers: Any) -> None:
-        self.r = runner
+    def __init__(self, ctx: JobContext, trainers: Any) -> None:
+        self.ctx = ctx
+        self.actors = ctx.actors
         self.group = trainers  # a TrainerGroup: its ranks change when it restarts
-        self.root = Path(runner.workdir) / "snapshots"
-        self.every = runner.spec.checkpoint.every
+        self.root = Path(ctx.workdir) / "snapshots"
+        self.every = ctx.spec.checkpoint.every
         self.waits: list[Any] = []
         self.step: int | None = None
         self.blocking_s = 0.0
 
     def maybe_start(self, step: int) -> None:
         """Called after step ``step - 1`` was committed (the ranks are at ``step``)."""
-        import ray
-
+        A = self.actors
         if self.waits or step % self.every:
             return
         try:
             # a deadline: a frozen rank must not hold the step loop here (the loop's hang check catches it)
-            started = ray.get([t.snapshot.remote(str(self.root), self.r.token) for t in self.group.ranks],
-                              timeout=self.deadline_s())  # fmt: skip
+            started = A.get([A.call(t, "snapshot", str(self.root), self.ctx.token) for t in self.group.ranks],
+                            timeout=self.deadline_s())  # fmt: skip
         except Exception as e:  # a rank died or hangs while staging: no snapshot; the step loop sees it next
-            self.r.c.event(self.r.job, "snapshot_failed", f"snapshot at step {step} failed while staging: "
+            self.ctx.event("snapshot_failed", f"snapshot at step {step} failed while staging: "
                            f"{type(worker_cause(e)).__name__}", step=step)  # fmt: skip
             return
         self.blocking_s = max(x["blocking_s"] for x in started)
-        self.waits = [t.wait_snapshot.remote() for t in self.group.ranks]
+        self.waits = [A.call(t, "wait_snapshot") for t in self.group.ranks]
         self.step = step
 
     def deadline_s(self) -> float:
         """How long a staging or a manifest write may take before the snapshot counts as failed."""
-        return max(10.0, 4 * self.r.spec.fault.hang_timeout)
+        return max(10.0, 4 * self.ctx.spec.fault.hang_timeout)
 
     def poll(self, block: bool = False) -> None:
         """Commit (or fail) the snapshot in flight once every rank's write has ended."""
-        import ray
-
+        A = self.actors
         if not self.waits:
             return
-        _, pending = ray.wait(self.waits, num_returns=len(self.waits), timeout=None if block else 0)
+        _, pending = A.wait(self.waits, num_returns=len(self.waits), timeout=None if block else 0)
         if pending:
             return
         waits, step = self.waits, self.step
         self.waits, self.step = [], None
         assert step is not None
-        meta = {"policy_version": step, "spec_digest": self.r.spec.digest(), "backend": self.r.spec.checkpoint.backend}
+        spec = self.ctx.spec
+        meta = {"policy_version": step, "spec_digest": spec.digest(), "backend": spec.checkpoint.backend}
         try:
-            results = ray.get(waits)
+            results = A.get(waits, timeout=0)
             errors = [x["error"] for x in results if not x["ok"]]
             if not errors:
-                info = ray.get(self.group.ranks[0].commit_snapshot.remote(str(self.root), step, meta),
-                               timeout=self.deadline_s())  # fmt: skip
+                info = A.get(A.call(self.group.ranks[0], "commit_snapshot", str(self.root), step, meta),
+                             timeout=self.deadline_s())  # fmt: skip
         except Exception as e:  # a rank died or the manifest write failed: this snapshot never commits
             errors = [f"{type(worker_cause(e)).__name__}: {str(worker_cause(e))[:300]}"]
         if errors:
-            self.r.c.event(self.r.job, "snapshot_failed", f"snapshot at step {step} failed: {errors[0]}", step=step)
+            self.ctx.event("snapshot_failed", f"snapshot at step {step} failed: {errors[0]}", step=step)
             self._collect()
             return
         info.update(blocking_s=round(self.blocking_s, 4), seconds=round(max(x["total_s"] for x in results), 3))
-        self.r.c.record_checkpoint(self.r.job, step, info)
-        self.r.c.event(self.r.job, "snapshot", f"snapshot at step {step} committed ({info['bytes']} bytes)", step=step)
+        self.ctx.record_checkpoint(step, info)
+        self.ctx.event("snapshot", f"snapshot at step {step} committed ({info['bytes']} bytes)", step=step)
         self._collect()
 
     def _collect(self) -> None:
-        _retain(self.r, self.step)
+        _retain(self.ctx, self.step)
 
 
-def _retain(runner: Any, in_flight: int | None = None) -> None:
+def _retain(ctx: JobContext, in_flight: int | None = None) -> None:
     """Retention: forget all but the newest ``checkpoint.keep`` records, remove every other
     folder but the one of the snapshot ``in_flight``."""
-    committed = [c["step"] for c in runner.c.checkpoints(runner.job)]
-    keep = retained(committed, runner.spec.checkpoint.keep) if committed else set()
+    committed = [c["step"] for c in ctx.checkpoints()]
+    keep = retained(committed, ctx.spec.checkpoint.keep) if committed else set()
     for step in set(committed) - keep:
-        runner.c.forget_checkpoint(runner.job, step)
+        ctx.forget_checkpoint(step)
     if in_flight is not None:
         keep.add(in_flight)  # in flight: not garbage
-    collect_garbage(Path(runner.workdir) / "snapshots", keep)
+    collect_garbage(Path(ctx.workdir) / "snapshots", keep)
 
 
-def close_inflight(runner: Any) -> list[int]:
+def close_inflight(ctx: JobContext) -> list[int]:
     """At take-over: close every snapshot a previous leader left in flight (a folder without
     an etcd record), so none vanishes unrecorded. One whose manifest is there and verifies
     (the leader died between the manifest and its record) is committed now; any other
     (its writers were killed, or abandoned at adopt) is recorded ``snapshot_failed`` and
     collected. Call once the adopted ranks have no write in progress. Returns the steps
     committed here."""
-    root = Path(runner.workdir) / "snapshots"
-    committed = {c["step"] for c in runner.c.checkpoints(runner.job)}
+    root = Path(ctx.workdir) / "snapshots"
+    committed = {c["step"] for c in ctx.checkpoints()}
     done = []
     for step, path in list_snapshots(root):
         if step in committed:
@@ -125,40 +126,39 @@ def close_inflight(runner: Any) -> list[int]:
         try:
             m = verify(path)
         except SnapshotCorrupt as e:
-            runner.c.event(runner.job, "snapshot_failed", f"snapshot at step {step} was left unfinished by the "
+            ctx.event("snapshot_failed", f"snapshot at step {step} was left unfinished by the "
                            f"previous leader ({e}): collected", step=step, cause="take_over")  # fmt: skip
             continue
-        runner.c.record_checkpoint(runner.job, step, {"step": step, "uri": str(m.path), "digest": m.digest,
-                                                      "bytes": m.bytes})  # fmt: skip
-        runner.c.event(runner.job, "snapshot", f"snapshot at step {step} committed ({m.bytes} bytes): complete "
+        ctx.record_checkpoint(step, {"step": step, "uri": str(m.path), "digest": m.digest, "bytes": m.bytes})
+        ctx.event("snapshot", f"snapshot at step {step} committed ({m.bytes} bytes): complete "
                        "and verified, its record lost with the previous leader", step=step, cause="take_over")  # fmt: skip
         done.append(step)
-    _retain(runner)
+    _retain(ctx)
     return done
 
 
-def choose_restore(runner: Any, at_step: int) -> tuple[str | None, int]:
+def choose_restore(ctx: JobContext, at_step: int) -> tuple[str | None, int]:
     """The newest committed snapshot at or before ``at_step`` that verifies: ``(path, step)``.
 
     A snapshot that fails verification is skipped with an event (its record stays
     for the operator to see; retention removes it later); with none left, the
     trainer restarts from the initial weights and replays the whole journal.
     """
-    for rec in sorted(runner.c.checkpoints(runner.job), key=lambda c: -c["step"]):
+    for rec in sorted(ctx.checkpoints(), key=lambda c: -c["step"]):
         if rec["step"] > at_step:
             continue
-        path = rec.get("uri") or str(snapshot_dir(Path(runner.workdir) / "snapshots", rec["step"]))
+        path = rec.get("uri") or str(snapshot_dir(Path(ctx.workdir) / "snapshots", rec["step"]))
         t0 = time.monotonic()
         try:
             m = verify(path)
         except SnapshotCorrupt as e:
-            runner.c.event(runner.job, "snapshot_corrupt", f"snapshot at step {rec['step']} does not verify: {e}; "
+            ctx.event("snapshot_corrupt", f"snapshot at step {rec['step']} does not verify: {e}; "
                            "falling back to the one before", step=rec["step"])  # fmt: skip
             continue
         if rec.get("digest") and m.digest != rec["digest"]:
-            runner.c.event(runner.job, "snapshot_corrupt", f"snapshot at step {rec['step']}: manifest digest "
+            ctx.event("snapshot_corrupt", f"snapshot at step {rec['step']}: manifest digest "
                            "differs from the etcd record; falling back", step=rec["step"])  # fmt: skip
             continue
-        log.info("job %s: restoring snapshot %s (verified in %.2fs)", runner.job, path, time.monotonic() - t0)
+        log.info("job %s: restoring snapshot %s (verified in %.2fs)", ctx.job, path, time.monotonic() - t0)
         return path, int(rec["step"])
     return None, 0

@@ -23,6 +23,8 @@ from collections import deque
 from typing import Any
 
 from ..errors import JobFailed, describe_error, is_stale
+from .actors import Placement, actor_died, create_fresh
+from .context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +47,6 @@ class RestartBudget:
             )
 
 
-def _find_actor(name: str, namespace: str) -> Any:
-    import ray
-
-    try:
-        return ray.get_actor(name, namespace=namespace)
-    except ValueError:
-        return None
-
-
 class RolloutGroup:
     """Rollout workers by index; ``idle`` holds those ready for a shard.
 
@@ -63,36 +56,28 @@ class RolloutGroup:
     brings it to the current version. Either way it takes shards only afterwards.
     """
 
-    def __init__(self, runner: Any, model_dir: str) -> None:
-        self.r = runner
+    def __init__(self, ctx: JobContext, model_dir: str) -> None:
+        self.ctx = ctx
+        self.actors = ctx.actors
         self.model_dir = model_dir
         self.workers: dict[int, Any] = {}
         self.idle: set[int] = set()
         self.joining: dict[Any, tuple[int, float]] = {}  # join ref -> (index, sent)
         self.waiting: dict[int, float] = {}  # index -> monotonic time its (backed-off) replacement may start
         self.fault_at: dict[int, float] = {}  # index -> when its fault was detected (recovery timing)
-        f = runner.spec.fault
+        f = ctx.spec.fault
         self.budget = RestartBudget("rollout", f.max_restarts, f.restart_window)
 
     def _create(self, i: int) -> Any:
-        import ray
-
-        from ..workers.rollout import RolloutWorker
-
-        r = self.r.spec.rollout
-        return (
-            ray.remote(RolloutWorker)
-            .options(
-                # never get_if_exists: a dead worker's handle would be handed back for its replacement
-                name=self.r.actor_name("rollout", i), namespace=self.r.namespace, lifetime="detached",
-                num_cpus=r.num_cpus, num_gpus=r.num_gpus, runtime_env=self.r.runtime_env(),
-            )
-            .remote(self.r.job, i, self.r.spec.to_json(), self.model_dir, str(self.r.workdir), self.r.etcd)
-        )  # fmt: skip
+        r, c = self.ctx.spec.rollout, self.ctx
+        # never get_if_exists: a dead worker's handle would be handed back for its replacement
+        return create_fresh(self.actors, "rollout", c.actor_name("rollout", i),
+                                  (c.job, i, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd),
+                                  Placement(r.num_cpus, r.num_gpus, c.runtime_env()))  # fmt: skip
 
     def _join(self, i: int, w: Any, version: int, weights: Any) -> None:
         self.workers[i] = w
-        ref = w.adopt.remote(self.r.token, self.r.spec.digest(), version, weights)
+        ref = self.actors.call(w, "adopt", self.ctx.token, self.ctx.spec.digest(), version, weights)
         self.joining[ref] = (i, time.monotonic())
 
     def add(self, i: int, version: int, weights: Any) -> None:
@@ -105,15 +90,14 @@ class RolloutGroup:
         ones stopped. With ``was_running`` (a take-over of a running job) a missing
         worker was lost while no leader watched: a ``rollout_fault``, and its join is
         its recovery. Returns how many were adopted."""
-        import ray
-
+        A = self.actors
         adopted = 0
         missing = []
-        for i in range(max(n, 16, self.r.spec.rollout.max_replicas or 0)):
-            a = _find_actor(self.r.actor_name("rollout", i), self.r.namespace)
+        for i in range(max(n, 16, self.ctx.spec.rollout.max_replicas or 0)):
+            a = A.find(self.ctx.actor_name("rollout", i))
             if i >= n:
                 if a is not None:
-                    ray.kill(a)
+                    A.kill(a)
                 continue
             if a is not None:
                 self._join(i, a, version, weights)
@@ -124,17 +108,17 @@ class RolloutGroup:
         if was_running:
             for i in missing:
                 self.fault_at[i] = time.monotonic()
-                self.r.c.event(self.r.job, "rollout_fault", f"rollout worker {i} was gone at take-over: "
+                self.ctx.event("rollout_fault", f"rollout worker {i} was gone at take-over: "
                                "starting a replacement", worker=i, group="rollout", cause="take_over")  # fmt: skip
         limit = self.join_limit()
         for ref, (i, sent) in list(self.joining.items()):
-            while not ray.wait([ref], timeout=1.0)[0] and time.monotonic() - sent < limit:
-                self.r.check_leader()  # a deposed runner must stop here, not go on starting workers
+            while not A.wait([ref], timeout=1.0)[0] and time.monotonic() - sent < limit:
+                self.ctx.check_leader()  # a deposed runner must stop here, not go on starting workers
             try:
-                ray.get(ref, timeout=0)
+                A.get(ref, timeout=0)
             except Exception as e:
                 if is_stale(e):
-                    raise self.r.not_leader(e) from None
+                    raise self.ctx.not_leader(e) from None
                 log.warning("rollout worker %d could not join (%s): replacing it", i, type(e).__name__)
                 del self.joining[ref]
                 self.fault(i, e, delay=False)
@@ -147,24 +131,22 @@ class RolloutGroup:
 
     def join_limit(self) -> float:
         """Longest a join may take (engine start + weight load) before the worker counts as hung."""
-        return max(self.r.spec.fault.hang_timeout, 300.0)
+        return max(self.ctx.spec.fault.hang_timeout, 300.0)
 
     def refs(self) -> list[Any]:
         return list(self.joining)
 
     def on_ready(self, ref: Any) -> bool:
         """A join finished (or failed); True if ``ref`` was a join."""
-        import ray
-
         entry = self.joining.pop(ref, None)
         if entry is None:
             return False
         i = entry[0]
         try:
-            version = ray.get(ref)
+            version = self.actors.get(ref, timeout=0)
         except Exception as e:  # the new worker died while starting: try again (budgeted, backed off)
             if is_stale(e):
-                raise self.r.not_leader(e) from None
+                raise self.ctx.not_leader(e) from None
             self.fault(i, e)
             return True
         self.idle.add(i)
@@ -177,11 +159,11 @@ class RolloutGroup:
         t = self.fault_at.pop(i, None)
         if t is not None:
             data["recovery_s"] = round(time.monotonic() - t, 2)
-        self.r.c.event(self.r.job, "rollout_joined", f"rollout worker {i} joined at policy v{version}"
+        self.ctx.event("rollout_joined", f"rollout worker {i} joined at policy v{version}"
                        + (f", {data['recovery_s']}s after its fault" if t is not None else ""), **data)  # fmt: skip
         joining = {j for j, _ in self.joining.values()}
-        if t is not None and len(set(self.workers) - joining) >= self.r.want("rollout"):
-            self.r.c.event(self.r.job, "group_restored", f"rollout group back at {self.r.want('rollout')} workers "
+        if t is not None and len(set(self.workers) - joining) >= self.ctx.want("rollout"):
+            self.ctx.event("group_restored", f"rollout group back at {self.ctx.want('rollout')} workers "
                            f"{data['recovery_s']}s after the fault", group="rollout", seconds=data["recovery_s"])  # fmt: skip
 
     def overdue_joins(self) -> list[int]:
@@ -192,20 +174,18 @@ class RolloutGroup:
         """Worker ``i`` died or hangs: kill it, replace it after a backoff (budgeted; the
         replacement joins at the version current then, see :meth:`tick`). Its shard is
         re-queued by the caller."""
-        import ray
-
-        self.r.check_leader()  # a deposed leader must not touch the new leader's workers
+        self.ctx.check_leader()  # a deposed leader must not touch the new leader's workers
         self.idle.discard(i)
         for ref, (j, _) in list(self.joining.items()):
             if j == i:
                 del self.joining[ref]
         old = self.workers.pop(i, None)
         if old is not None:
-            ray.kill(old)
+            self.actors.kill(old)
         self.fault_at.setdefault(i, time.monotonic())
         self.budget.spend()
         backoff = min(10.0, 0.5 * 2 ** max(0, len(self.budget.times) - 1)) if delay else 0.0
-        self.r.c.event(self.r.job, "rollout_fault", f"rollout worker {i} lost: {describe_error(err)}; "
+        self.ctx.event("rollout_fault", f"rollout worker {i} lost: {describe_error(err)}; "
                        f"replacing it in {backoff:.1f}s", worker=i, backoff_s=backoff)  # fmt: skip
         self.waiting[i] = time.monotonic() + backoff
 
@@ -215,39 +195,39 @@ class RolloutGroup:
         for i, at in list(self.waiting.items()):
             if at <= now:
                 del self.waiting[i]
-                if i < self.r.want("rollout") and i not in self.workers:
+                if i < self.ctx.want("rollout") and i not in self.workers:
                     self.add(i, version, weights)
 
     def resize(self, want: int, version: int, weights: Any) -> None:
         """Grow to ``want`` workers (async join) or drain the ones above it (stop when idle)."""
-        import ray
-
+        A = self.actors
         self.tick(version, weights)
         for i in range(want):
             if i not in self.workers and i not in self.waiting:
-                self.r.c.event(self.r.job, "scale", f"rollout: adding worker {i} (desired {want})", worker=i)
+                self.ctx.event("scale", f"rollout: adding worker {i} (desired {want})", worker=i)
                 self.add(i, version, weights)
         for i in sorted(self.workers):
             if i >= want and i in self.idle:
                 self.idle.discard(i)
                 w = self.workers.pop(i)
                 try:
-                    ray.get(w.shutdown.remote(), timeout=10)
+                    A.get(A.call(w, "shutdown"), timeout=10)
                 except Exception as e:  # already gone: nothing to drain
                     log.info("shutdown of drained worker %d: %s", i, e)
-                ray.kill(w)
-                self.r.c.event(self.r.job, "scale", f"rollout: worker {i} drained and stopped (desired {want})",
+                A.kill(w)
+                self.ctx.event("scale", f"rollout: worker {i} drained and stopped (desired {want})",
                                worker=i)  # fmt: skip
 
 
 class TrainerGroup:
     """All ranks of the trainer, started, restored and replayed together."""
 
-    def __init__(self, runner: Any, model_dir: str) -> None:
-        self.r = runner
+    def __init__(self, ctx: JobContext, model_dir: str) -> None:
+        self.ctx = ctx
+        self.actors = ctx.actors
         self.model_dir = model_dir
         self.ranks: list[Any] = []
-        f = runner.spec.fault
+        f = ctx.spec.fault
         self.budget = RestartBudget("trainer", f.max_restarts, f.restart_window)
 
     @property
@@ -257,48 +237,36 @@ class TrainerGroup:
     def start(self, k: int, world: int) -> Any:
         """(Re)start ``world`` ranks at committed step ``k``; returns the weights of version k
         (None when k is 0: workers start from the model folder, which is version 0)."""
-        import ray
-
-        from ..workers.trainer import trainer_actor
-        from ..workers.weights import WeightStore
         from .checkpointing import choose_restore
 
+        A, c = self.actors, self.ctx
         self.kill()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         # on the controller's node (the stable one): the published weights die with their owner
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        ray.get(
-            ray.remote(WeightStore)
-            .options(name=self.r.actor_name("weights", 0), namespace=self.r.namespace, lifetime="detached",
-                     get_if_exists=True, num_cpus=0, scheduling_strategy=here)
-            .remote()
-            .ping.remote()
-        )  # fmt: skip
-        restore, s = choose_restore(self.r, k)
-        cls = trainer_actor()
-        t = self.r.spec.trainer
+        store = A.create("weights", c.actor_name("weights", 0), (),
+                         Placement(on_this_node=True, get_if_exists=True))  # fmt: skip
+        A.get(A.call(store, "ping"))
+        restore, s = choose_restore(c, k)
+        t = c.spec.trainer
         self.ranks = [
-            cls.options(
-                name=self.r.actor_name("trainer", i), namespace=self.r.namespace, lifetime="detached",
-                num_cpus=t.num_cpus, num_gpus=t.num_gpus, runtime_env=self.r.runtime_env(),
-            ).remote(self.r.job, i, world, self.r.spec.to_json(), self.model_dir, str(self.r.workdir), self.r.etcd)
+            create_fresh(A, "trainer", c.actor_name("trainer", i),
+                     (c.job, i, world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd),
+                     Placement(t.num_cpus, t.num_gpus, c.runtime_env()))
             for i in range(world)
         ]  # fmt: skip
-        master = ray.get(self.ranks[0].address.remote())
-        ready = ray.get([r.setup.remote(master, restore) for r in self.ranks])
-        ray.get([r.adopt.remote(self.r.token, self.r.spec.digest()) for r in self.ranks])  # fence them
-        self.r.record_lineage(k, {"from_step": s, "snapshot": restore, "world": world, "strategy": "ddp",
+        master = A.get(A.call(self.ranks[0], "address"))
+        ready = A.get([A.call(r, "setup", master, restore) for r in self.ranks])
+        A.get([A.call(r, "adopt", c.token, c.spec.digest()) for r in self.ranks])  # fence them
+        self.ctx.record_lineage(k, {"from_step": s, "snapshot": restore, "world": world, "strategy": "ddp",
                                   "threads": ready[0]["threads"]})  # fmt: skip
         if k == 0:
             return None
         if s < k:
-            self.r.c.event(self.r.job, "replay", f"replaying steps {s}..{k - 1} from the journal", first=s, last=k - 1)
+            self.ctx.event("replay", f"replaying steps {s}..{k - 1} from the journal", first=s, last=k - 1)
         out = None
         for j in range(s, k):
-            self.r.check_leader()
-            out = ray.get([t.train_step.remote(j, j == k - 1, self.r.token) for t in self.ranks])[0]
-        return out["weights"] if out is not None else ray.get(self.ranks[0].publish.remote())["weights"]
+            self.ctx.check_leader()
+            out = A.get([A.call(t, "train_step", j, j == k - 1, c.token) for t in self.ranks])[0]
+        return out["weights"] if out is not None else A.get(A.call(self.ranks[0], "publish"))["weights"]
 
     def adopt(self, k: int, world: int) -> tuple[int, dict[str, Any] | None, Any] | None:
         """Take over ranks left running by a previous leader (or an etcd outage).
@@ -308,82 +276,81 @@ class TrainerGroup:
         None (the caller restarts the group). ``adopt`` on a rank waits for a train
         step in progress, so the steps it reports are settled.
         """
-        import ray
-
-        found = [_find_actor(self.r.actor_name("trainer", i), self.r.namespace) for i in range(world)]
+        A = self.actors
+        found = [A.find(self.ctx.actor_name("trainer", i)) for i in range(world)]
         if not found or any(a is None for a in found):
             return None
         # adopt answers from its own concurrency group: a rank that cannot answer within the lease
         # TTL and a few seconds is frozen or gone; one still training is asked again until done
-        answer_s = self.r.spec.fault.lease_ttl + 5.0
-        settle_by = time.monotonic() + self.r.spec.fault.hang_timeout
+        answer_s = self.ctx.spec.fault.lease_ttl + 5.0
+        settle_by = time.monotonic() + self.ctx.spec.fault.hang_timeout
         while True:
             try:
-                status = ray.get([a.adopt.remote(self.r.token, self.r.spec.digest()) for a in found], timeout=answer_s)
+                status = A.get([A.call(a, "adopt", self.ctx.token, self.ctx.spec.digest()) for a in found],
+                               timeout=answer_s)  # fmt: skip
             except Exception as e:
                 if is_stale(e):
-                    raise self.r.not_leader(e) from None
-                log.warning("job %s: trainer ranks not adoptable (%s): restarting them", self.r.job, describe_error(e))
+                    raise self.ctx.not_leader(e) from None
+                log.warning(
+                    "job %s: trainer ranks not adoptable (%s): restarting them", self.ctx.job, describe_error(e)
+                )
                 return None
             if not any(x.get("busy") for x in status):
                 break
             if time.monotonic() > settle_by:
                 log.warning("job %s: trainer ranks still in the previous leader's step after %.0fs (hang_timeout): "
-                            "restarting them", self.r.job, self.r.spec.fault.hang_timeout)  # fmt: skip
+                            "restarting them", self.ctx.job, self.ctx.spec.fault.hang_timeout)  # fmt: skip
                 return None
-            self.r.check_leader()
+            self.ctx.check_leader()
             time.sleep(0.2)
         steps = {x["step"] for x in status}
         if len(steps) != 1 or {x["world"] for x in status} != {world} or not steps <= {k, k + 1}:
             log.warning("job %s: trainer ranks at steps %s (world %s), etcd says %d: restarting them",
-                        self.r.job, sorted(steps), sorted({x["world"] for x in status}), k)  # fmt: skip
+                        self.ctx.job, sorted(steps), sorted({x["world"] for x in status}), k)  # fmt: skip
             return None
         s = steps.pop()
         self.ranks = found
         weights = None
         if s > 0:
-            ws = _find_actor(self.r.actor_name("weights", 0), self.r.namespace)
-            kept = ray.get(ws.get.remote(s)) if ws is not None else None
-            weights = kept[0] if kept else ray.get(self.ranks[0].publish.remote())["weights"]
+            ws = A.find(self.ctx.actor_name("weights", 0))
+            kept = A.get(A.call(ws, "get", s)) if ws is not None else None
+            weights = kept[0] if kept else A.get(A.call(self.ranks[0], "publish"))["weights"]
         return s, status[0]["last"], weights
 
     def start_retrying(self, k: int, world: int) -> Any:
         """:meth:`start`; a rank that dies meanwhile (node lost, OOM) costs one restart of the
         budget and the group starts again, rather than failing the job."""
-        from ray.exceptions import RayActorError
-
         while True:
-            self.r.check_leader()
+            self.ctx.check_leader()
             try:
                 return self.start(k, world)
-            except RayActorError as e:
-                self.r.c.event(self.r.job, "trainer_restart", f"a trainer rank died while starting "
+            except Exception as e:
+                if not actor_died(e):
+                    raise
+                self.ctx.event("trainer_restart", f"a trainer rank died while starting "
                                f"({describe_error(e)}): starting the group again", world=world)  # fmt: skip
                 self.budget.spend()
 
     def restart(self, k: int, world: int, why: str, *, cause: str = "fault", resize: bool = False) -> Any:
         """A rank died (or the world size changes, ``resize``): restart the whole group at step
         ``k``. Returns the weights of version k (as :meth:`start`)."""
-        self.r.check_leader()
+        self.ctx.check_leader()
         t0 = time.monotonic()
-        self.r.c.event(self.r.job, "trainer_restart", f"{why}: restarting {world} trainer ranks at step {k}",
+        self.ctx.event("trainer_restart", f"{why}: restarting {world} trainer ranks at step {k}",
                        world=world, group="trainer", cause=cause, resize=resize)  # fmt: skip
         self.budget.spend()
         weights = self.start_retrying(k, world)
-        self.r.c.event(self.r.job, "trainer_recovered", f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",
+        self.ctx.event("trainer_recovered", f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",
                        seconds=round(time.monotonic() - t0, 2), world=world, group="trainer", resize=resize)  # fmt: skip
         return weights
 
     def kill(self) -> None:
         """Kill every rank this job may have, by name (old runs included)."""
-        import ray
-
         for i in range(max(self.world, 64)):
-            try:
-                a = ray.get_actor(self.r.actor_name("trainer", i), namespace=self.r.namespace)
-            except ValueError:
+            a = self.actors.find(self.ctx.actor_name("trainer", i))
+            if a is None:
                 if i >= self.world:
                     break
                 continue
-            ray.kill(a)
+            self.actors.kill(a)
         self.ranks = []

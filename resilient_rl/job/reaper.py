@@ -26,7 +26,7 @@ from typing import Any
 from controller import jobs
 
 from ..naming import NAMESPACE
-from .runner import _connect_ray
+from .actors import connect_ray
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class WorkerReaper:
         try:
             import ray
 
-            _connect_ray(self.ray_address)
+            connect_ray(self.ray_address)
             names = [
                 a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a.get("namespace") == NAMESPACE
             ]

@@ -38,10 +38,12 @@ from controller.store import EtcdError
 
 from ..algo.sampler import prompt_indices
 from ..errors import JobFailed, describe_error, is_stale, worker_cause
-from ..naming import MODEL_MARKER, NAMESPACE, actor_name, job_workdir
+from ..naming import MODEL_MARKER, actor_name, job_workdir
 from ..spec import JobSpec
+from .actors import Actors, RayActors, actor_died, connect_ray
 from .autoscale import Autoscaler
 from .checkpointing import SnapshotFlow, close_inflight
+from .context import JobContext, JobRecords
 from .groups import RolloutGroup, TrainerGroup
 from .reward_guard import RewardErrorWindow
 
@@ -53,7 +55,9 @@ _RUNNER_SEQ = itertools.count(1)
 class JobRunner:
     """Drives one job from PENDING to a terminal phase (see module doc)."""
 
-    def __init__(self, controller: Any, rec: JobRecord, ray_address: str | None, etcd: str) -> None:
+    def __init__(
+        self, controller: JobRecords, rec: JobRecord, ray_address: str | None, etcd: str, actors: Actors | None = None
+    ) -> None:
         self.c = controller
         self.job = rec.id
         self.spec = JobSpec.model_validate(rec.spec)
@@ -62,12 +66,11 @@ class JobRunner:
         self.workdir = job_workdir(self.spec)
         self.journal = Journal(self.workdir / "journal")
         self.desired = dict(rec.desired)
-        self.namespace = NAMESPACE
         self.version, self.weights = 0, None  # the newest committed policy and its object ref
         # fences our calls on workers (see fencing.py): the leader's election token, then a per-process
         # sequence, so a runner started later by the *same* leader (after a lease flicker) also fences
         # out the one before it
-        self.token = int(controller.election.token) * 1_000_000 + next(_RUNNER_SEQ)
+        self.token = int(controller.token) * 1_000_000 + next(_RUNNER_SEQ)
         # (kind, wall-clock time detected) awaiting the next committed step; kept in the job's state
         # too (open_faults), so a leader that dies before that step still gets its faults' recovery
         # recorded by the next one
@@ -85,6 +88,10 @@ class JobRunner:
         self.unjournaled: set[int] = set()  # steps whose shards are all in, batch manifest not written
         self.slowest_train_s = 0.0  # the slowest train step this runner saw (the hang limit's scale)
         self._stop = threading.Event()
+        self.actors: Actors = actors if actors is not None else RayActors()
+        self._connected = False  # to Ray: nothing to kill before
+        self.ctx = JobContext(self.job, self.spec, self.token, self.workdir, etcd, controller, self.actors,
+                              want=self._want, stopped=self._stop)  # fmt: skip
         self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
         self._thread.start()
 
@@ -131,26 +138,26 @@ class JobRunner:
             self._finish("FAILED", describe_error(e))
 
     def _run(self) -> None:
-        import ray
-
-        state = self.c.read_state(self.job)
+        A = self.actors
+        state = self.ctx.read_state()
         k = int(state.get("step", 0))
         # faults a previous leader detected that no commit has followed yet
         self.faults = [(str(kind), float(t)) for kind, t in state.get("open_faults") or []]
         was_running = state.get("phase") == "RUNNING"  # its workers existed: missing ones were lost
         self.reward_errors = int(state.get("reward_errors") or 0)  # this runner is the one writer from here
-        self.c.update_state(self.job, expect=live, phase="RUNNING", started_at=state.get("started_at") or time.time())
-        self.c.event(self.job, "running", f"{'resuming at step ' + str(k) if k else 'starting'}: "
+        self.ctx.update_state(expect=live, phase="RUNNING", started_at=state.get("started_at") or time.time())
+        self.ctx.event("running", f"{'resuming at step ' + str(k) if k else 'starting'}: "
                      f"{self._want('rollout')} rollout / {self._want('trainer')} trainer workers")  # fmt: skip
         self._ray_init()
         self._task_len = self._task_size(state)
         model_dir = self._ensure_model()
         k = self._take_over(k, model_dir, was_running)
-        snaps = self._loop(SnapshotFlow(self, self.trainers), k)
+        snaps = self._loop(SnapshotFlow(self.ctx, self.trainers), k)
         if self._stop.is_set():
             return
         snaps.poll(block=True)
-        self.c.update_state(self.job, weights_digest=ray.get(self.trainers.ranks[0].digest.remote()))
+        digest = A.get(A.call(self.trainers.ranks[0], "digest"), timeout=max(60.0, self.spec.fault.hang_timeout))
+        self.ctx.update_state(weights_digest=digest)
         self._kill_workers()
         self._finish("SUCCEEDED", None)
 
@@ -166,8 +173,8 @@ class JobRunner:
         worker).
         """
         t0 = time.monotonic()
-        self.trainers = TrainerGroup(self, model_dir)
-        self.rollouts = RolloutGroup(self, model_dir)
+        self.trainers = TrainerGroup(self.ctx, model_dir)
+        self.rollouts = RolloutGroup(self.ctx, model_dir)
         got = self.trainers.adopt(k, self._want("trainer"))
         if got is None and was_running:  # ranks lost or stuck while no leader watched: a fault too
             self._fault("trainer_fault")
@@ -187,48 +194,24 @@ class JobRunner:
                 if shards is None or last is None:
                     raise JobFailed(f"trainer ranks trained step {k} but its journal batch is incomplete")
                 self._commit(k, last, shards, float(last.get("seconds") or 0.0))
-                self.c.event(self.job, "commit_recovered", f"step {k} was trained but not committed by the "
+                self.ctx.event("commit_recovered", f"step {k} was trained but not committed by the "
                              "previous leader: committed now", step=k)  # fmt: skip
                 k += 1
             self.version = k
-        close_inflight(self)  # no rank writes a snapshot now (adopted ones waited theirs out)
+        close_inflight(self.ctx)  # no rank writes a snapshot now (adopted ones waited theirs out)
         adopted = self.rollouts.start(self._want("rollout"), self.version, self.weights, was_running)
         if got is not None or adopted:
-            self.c.event(self.job, "adopted", f"took over {self.trainers.world if got else 0} running trainer ranks "
+            self.ctx.event("adopted", f"took over {self.trainers.world if got else 0} running trainer ranks "
                          f"and {adopted} rollout workers at step {k} in {time.monotonic() - t0:.1f}s",
                          trainers=self.trainers.world if got else 0, rollouts=adopted, step=k,
                          seconds=round(time.monotonic() - t0, 2))  # fmt: skip
         return k
 
-    # -- leadership --------------------------------------------------------------
-
     def check_leader(self) -> None:
-        """Raise NotLeader unless this controller still certainly leads (checked before
-        every action on workers: a deposed leader must not touch them)."""
-        if self._stop.is_set():
-            raise NotLeader(f"the runner of job {self.job} was stopped")
-        if not self.c.election.is_leader:
-            raise NotLeader(f"controller {self.c.id} no longer leads job {self.job}")
-
-    def not_leader(self, e: BaseException) -> NotLeader:
-        return NotLeader(f"a worker refused our call, a newer leader owns it: {e}")
-
-    def record_lineage(self, k: int, segment: dict[str, Any]) -> None:
-        """Record (fenced) that the trainer group restarted to rejoin live training at step ``k``
-        (a later restart at the same step replaces it: only the one that trained on counts)."""
-        from controller import keys
-        from controller.store import Put
-
-        rec = {**segment, "at_step": k, "time": time.time()}
-        self.c.election.fenced_txn(success=[Put(keys.lineage(self.job, k), json.dumps(rec))])
-
-    def want(self, group: str) -> int:
-        return self._want(group)
+        self.ctx.check_leader()
 
     def _loop(self, snaps: SnapshotFlow, k: int) -> SnapshotFlow:
-        import ray
-        from ray.exceptions import RayActorError
-
+        A = self.actors
         spec, s, rollouts = self.spec, self.spec.async_.max_staleness, self.rollouts
         planned = k - 1
         queue: deque[tuple[int, int, list[int]]] = deque()
@@ -251,7 +234,7 @@ class JobRunner:
             if self.autoscaler is not None:
                 size = self.autoscaler.size
                 if self.autoscaler.observe(len(queue), len(rollouts.idle), time.monotonic()) != size:
-                    self.c.event(self.job, "autoscale", f"rollout: {size} -> {self.autoscaler.size} workers "
+                    self.ctx.event("autoscale", f"rollout: {size} -> {self.autoscaler.size} workers "
                                  f"({len(queue)} shards queued, {len(rollouts.idle)} idle)",
                                  size=self.autoscaler.size)  # fmt: skip
             rollouts.resize(self._want("rollout"), self.version, self.weights)
@@ -260,28 +243,26 @@ class JobRunner:
                 w = min(rollouts.idle)
                 rollouts.idle.discard(w)
                 step, shard, idx = queue.popleft()
-                ref = rollouts.workers[w].generate_shard.remote(step, shard, idx, self.token)
+                ref = A.call(rollouts.workers[w], "generate_shard", step, shard, idx, self.token)
                 inflight[ref] = (step, shard, idx, w, time.monotonic())
             self._retry_batches(done)
             if (not train_refs and k in done and len(done[k]) == self._num_shards() and k not in self.unjournaled
                     and self.paused is None):  # fmt: skip
                 self._check_staleness(k, done[k])
-                train_refs = [t.train_step.remote(k, True, self.token) for t in self.trainers.ranks]
+                train_refs = [A.call(t, "train_step", k, True, self.token) for t in self.trainers.ranks]
                 t_train = time.monotonic()
             watched = [*inflight, *train_refs, *snaps.waits, *rollouts.refs()]
             if watched:  # block until something happened, then take *everything* ready (no starvation)
-                ray.wait(watched, num_returns=1, timeout=1.0)
-                ready = ray.wait(watched, num_returns=len(watched), timeout=0)[0]
+                A.wait(watched, num_returns=1, timeout=1.0)
+                ready = A.wait(watched, num_returns=len(watched), timeout=0)[0]
             else:
                 time.sleep(0.2)
                 ready = []
             snaps.poll()
             for ref in ready:
                 rollouts.on_ready(ref)
-            finished, unfinished = (
-                ray.wait(train_refs, num_returns=len(train_refs), timeout=0) if train_refs else ([], [])
-            )
-            lost = _actor_error(finished)
+            finished, unfinished = A.wait(train_refs, num_returns=len(train_refs), timeout=0)
+            lost = _actor_error(A, finished)
             hung = self._trainer_hung(t_train) if train_refs and lost is None and unfinished else None
             if lost is not None or hung is not None:  # a rank died or hangs (its peers wait in a collective)
                 train_refs = []
@@ -289,14 +270,14 @@ class JobRunner:
                 why = f"trainer rank lost ({type(lost).__name__})" if lost is not None else hung
                 w = self.trainers.restart(k, self.trainers.world, str(why), cause="lost" if lost else "hang")
                 self.weights = w if w is not None else self.weights  # re-published: the old owner may be gone
-                snaps = SnapshotFlow(self, self.trainers)
+                snaps = SnapshotFlow(self.ctx, self.trainers)
                 continue
             if train_refs and not unfinished:
                 try:
-                    results = ray.get(train_refs)  # StepRejected and other errors fail the job
+                    results = A.get(train_refs, timeout=0)  # StepRejected and other errors fail the job
                 except Exception as e:
                     if is_stale(e):
-                        raise self.not_leader(e) from None
+                        raise self.ctx.not_leader(e) from None
                     raise
                 train_refs = []
                 self.slowest_train_s = max(self.slowest_train_s, time.monotonic() - t_train)
@@ -304,7 +285,7 @@ class JobRunner:
                 k += 1
                 self.version, self.weights = k, results[0]["weights"]
                 for wk in rollouts.workers.values():  # in order: every later shard uses >= this version
-                    wk.load_weights.remote(k, self.weights)
+                    A.call(wk, "load_weights", k, self.weights)
                 snaps.maybe_start(k)
                 if self._want("trainer") != self.trainers.world and k < spec.steps:
                     snaps.poll(block=True)
@@ -312,7 +293,7 @@ class JobRunner:
                                               f"{self._want('trainer')} requested", cause="scale",
                                               resize=True)  # fmt: skip
                     self.weights = w if w is not None else self.weights
-                    snaps = SnapshotFlow(self, self.trainers)
+                    snaps = SnapshotFlow(self.ctx, self.trainers)
                 t_step = time.monotonic()
                 self._note_recoveries(k - 1)
                 log.info("job %s step %d committed: reward %.3f", self.job, k - 1, metrics["reward"])
@@ -320,15 +301,15 @@ class JobRunner:
             for ref in [r for r in ready if r in inflight]:
                 step, shard, idx, w, _ = inflight.pop(ref)
                 try:
-                    result = ray.get(ref)
-                except RayActorError as e:  # the worker died: its shard goes back to the queue
-                    queue.appendleft((step, shard, idx))
-                    self._fault("rollout_fault")
-                    rollouts.fault(w, e)
-                    continue
+                    result = A.get(ref, timeout=0)
                 except Exception as e:
+                    if actor_died(e):  # the worker died: its shard goes back to the queue
+                        queue.appendleft((step, shard, idx))
+                        self._fault("rollout_fault")
+                        rollouts.fault(w, e)
+                        continue
                     if is_stale(e):
-                        raise self.not_leader(e) from None
+                        raise self.ctx.not_leader(e) from None
                     full = worker_cause(e)
                     if not isinstance(full, JournalFull):
                         raise
@@ -355,7 +336,7 @@ class JobRunner:
             if self.paused is not None:
                 return
             refs = [ShardRef(**done[step][i]["ref"]) for i in range(self._num_shards())]
-            self.check_leader()
+            self.ctx.check_leader()
             try:
                 if not self.journal.commit_batch(step, refs):  # a previous leader completed it first
                     done[step] = self._journaled(step) or done[step]
@@ -382,8 +363,8 @@ class JobRunner:
             if busy:
                 return  # the step in flight commits first (a commit needs RUNNING)
             reason = f"{self.paused}"
-            self.c.update_state(self.job, expect=live, phase="PAUSED", reason=reason)
-            self.c.event(self.job, "paused", f"{reason}: paused; resumes by itself once there is room, or on "
+            self.ctx.update_state(expect=live, phase="PAUSED", reason=reason)
+            self.ctx.event("paused", f"{reason}: paused; resumes by itself once there is room, or on "
                          f"`rrl resume {self.job}`", path=self.paused.path, free_mb=round(self.paused.free_mb, 1),
                          cause="journal_full")  # fmt: skip
             self.paused_recorded, self._paused_at, self._space_checked = True, now, now
@@ -396,8 +377,8 @@ class JobRunner:
         if not asked and free < max(8.0, 2 * self.shard_mb):
             return
         secs = round(now - self._paused_at, 1)
-        self.c.update_state(self.job, expect=live, phase="RUNNING", reason=None)
-        self.c.event(self.job, "resumed", f"{'resumed by `rrl resume`' if asked else 'journal disk has room again'}"
+        self.ctx.update_state(expect=live, phase="RUNNING", reason=None)
+        self.ctx.event("resumed", f"{'resumed by `rrl resume`' if asked else 'journal disk has room again'}"
                      f" ({free:.0f} MB free) after {secs}s paused", seconds=secs, free_mb=round(free, 1))  # fmt: skip
         self.paused, self.paused_recorded, self.resume_asked = None, False, False
 
@@ -411,13 +392,13 @@ class JobRunner:
                 continue
             del inflight[ref]
             queue.appendleft((step, shard, idx))
-            self.c.event(self.job, "rollout_hang", f"rollout worker {w} made no progress on shard {step}/{shard} "
+            self.ctx.event("rollout_hang", f"rollout worker {w} made no progress on shard {step}/{shard} "
                          f"for {now - sent:.1f}s (limit {limit:g}s: fault.hang_timeout + reward timeouts)", worker=w,
                          detection_s=round(now - sent, 2))  # fmt: skip
             self._fault("rollout_hang")
             self.rollouts.fault(w, TimeoutError(f"hung for {now - sent:.0f}s"))
         for w in self.rollouts.overdue_joins():
-            self.c.event(self.job, "rollout_hang", f"rollout worker {w} did not join within "
+            self.ctx.event("rollout_hang", f"rollout worker {w} did not join within "
                          f"{self.rollouts.join_limit():g}s", worker=w)  # fmt: skip
             self._fault("rollout_hang")
             self.rollouts.fault(w, TimeoutError("join timed out"))
@@ -425,7 +406,7 @@ class JobRunner:
     def _fault(self, kind: str) -> None:
         """A fault was detected: remember it (in etcd too) until the next committed step."""
         self.faults.append((kind, time.time()))
-        self.c.update_state(self.job, expect=live, open_faults=[list(f) for f in self.faults])
+        self.ctx.update_state(expect=live, open_faults=[list(f) for f in self.faults])
 
     def _shard_limit(self, prompts: int) -> float:
         """``fault.hang_timeout`` for a shard of ``prompts`` prompts, plus the longest its user reward
@@ -448,7 +429,7 @@ class JobRunner:
         took = time.monotonic() - sent
         if took <= limit:
             return None
-        self.c.event(self.job, "trainer_hang", f"a train step made no progress for {took:.1f}s (limit {limit:.1f}s): "
+        self.ctx.event("trainer_hang", f"a train step made no progress for {took:.1f}s (limit {limit:.1f}s): "
                      "a trainer rank is frozen or deadlocked", detection_s=round(took, 2), group="trainer")  # fmt: skip
         return f"trainer step hung for {took:.0f}s"
 
@@ -458,7 +439,7 @@ class JobRunner:
         commit itself cleared ``open_faults`` in etcd."""
         now = time.time()
         for kind, t in self.faults:
-            self.c.event(self.job, "recovered", f"step {step} committed {now - t:.1f}s after a {kind}",
+            self.ctx.event("recovered", f"step {step} committed {now - t:.1f}s after a {kind}",
                          fault=kind, step=step, seconds=round(now - t, 2))  # fmt: skip
         self.faults.clear()
 
@@ -506,8 +487,7 @@ class JobRunner:
         # the line first: a leader killed between the two writes must not lose a committed step's
         # line; a line without its commit is dropped by every reader (controller/steplog.py)
         steplog.append(self.workdir / "metrics.jsonl", {**metrics, "time": time.time()})
-        self.c.update_state(
-            self.job,
+        self.ctx.update_state(
             expect=lambda cur: committable(cur, k),
             step=k + 1,
             policy_version=k + 1,
@@ -527,7 +507,7 @@ class JobRunner:
         example = next((x["reward_error"] for x in shards.values() if x.get("reward_error")), None)
         verdict = self.rewards.observe(k, errors, samples, example, time.monotonic(), min_steps=self.spec.steps)
         if verdict.event:
-            self.c.event(self.job, "reward_errors", verdict.event, step=k, errors=errors, samples=samples)
+            self.ctx.event("reward_errors", verdict.event, step=k, errors=errors, samples=samples)
         if verdict.fail:
             raise JobFailed(verdict.fail)
 
@@ -546,13 +526,10 @@ class JobRunner:
         Ray task (a jsonl or dataset task reads its whole file to know it: never in the leader)."""
         if state.get("task_size"):
             return int(state["task_size"])
-        import ray
-
-        facts = ray.remote(num_cpus=0.1)(_task_facts)
-        size, quarantined = ray.get(facts.remote(self.spec.to_json()), timeout=600)
-        self.c.update_state(self.job, expect=live, task_size=size, task_quarantined=quarantined)
+        size, quarantined = self.actors.get(self.actors.task(_task_facts, self.spec.to_json()), timeout=600)
+        self.ctx.update_state(expect=live, task_size=size, task_quarantined=quarantined)
         if quarantined:
-            self.c.event(self.job, "task_rows_quarantined", f"{quarantined} row(s) of the task's file were skipped "
+            self.ctx.event("task_rows_quarantined", f"{quarantined} row(s) of the task's file were skipped "
                          "(see the rollout workers' log for each one)", count=quarantined)  # fmt: skip
         return int(size)
 
@@ -564,11 +541,10 @@ class JobRunner:
         return [idx[bounds[i] : bounds[i + 1]] for i in range(n)]
 
     def _ray_init(self) -> None:
-        _connect_ray(self.ray_address)
+        self.actors.connect(self.ray_address)
+        self._connected = True
 
     def _ensure_model(self) -> str:
-        import ray
-
         path = self.spec.model.path
         if path:
             # a path-looking value must be a model folder; anything else is a Hugging Face id
@@ -587,29 +563,16 @@ class JobRunner:
                 return out
         except (OSError, ValueError):
             pass
-        mk = ray.remote(num_cpus=0.1)(_make_tiny_model)  # in a worker: torch stays out of the controller
-        return str(ray.get(mk.remote(out, self.spec.model.init, VOCAB_CHARS)))
-
-    def actor_name(self, group: str, index: int) -> str:
-        return actor_name(self.job, group, index)
-
-    def runtime_env(self) -> dict[str, Any]:
-        return {
-            "env_vars": {
-                "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(self.spec.rollout.kv_cache_gib))),
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                "HF_HUB_OFFLINE": "1",
-                "TOKENIZERS_PARALLELISM": "false",
-            }
-        }
+        # in a worker: torch stays out of the controller
+        return str(self.actors.get(self.actors.task(_make_tiny_model, out, self.spec.model.init, VOCAB_CHARS)))
 
     def _finish(self, phase: str, reason: str | None) -> None:
         if self._stop.is_set():  # deposed or replaced: what went wrong may be the successor's doing
             log.warning("job %s: stopped runner does not record %s (%s)", self.job, phase, reason)
             return
         try:
-            self.c.update_state(self.job, expect=live, phase=phase, reason=reason, finished_at=time.time())
-            self.c.event(self.job, phase.lower(), reason or f"job {phase.lower()}")
+            self.ctx.update_state(expect=live, phase=phase, reason=reason, finished_at=time.time())
+            self.ctx.event(phase.lower(), reason or f"job {phase.lower()}")
         except NotLeader:
             log.warning("job %s: could not record %s, no longer leader", self.job, phase)
         if phase == "FAILED":
@@ -617,21 +580,19 @@ class JobRunner:
 
     def _kill_workers(self) -> None:
         """Kill every worker actor of this job that still exists (by name)."""
-        import ray
-
-        if not ray.is_initialized():
+        A = self.actors
+        if not self._connected:
             return
         for g in ("rollout", "trainer", "weights"):
             for i in range(max(16, self._want(g) if g != "weights" else 1, self.spec.rollout.max_replicas or 0)):
-                try:
-                    actor = ray.get_actor(actor_name(self.job, g, i), namespace=NAMESPACE)
-                except ValueError:
+                actor = A.find(actor_name(self.job, g, i))
+                if actor is None:
                     continue  # not there (never started, or already gone)
                 try:
-                    ray.get(actor.shutdown.remote(), timeout=5)  # leave membership at once
+                    A.get(A.call(actor, "shutdown"), timeout=5)  # leave membership at once
                 except Exception as e:  # the kill below is what matters
                     log.info("shutdown of %s/%d failed: %s", g, i, e)
-                ray.kill(actor)
+                A.kill(actor)
 
 
 def live(cur: dict[str, Any]) -> None:
@@ -665,31 +626,15 @@ def _make_tiny_model(out: str, init: Any, vocab_chars: str) -> str:
     return str(make_tiny_model(out, init, vocab_chars))
 
 
-def _actor_error(refs: list[Any]) -> BaseException | None:
+def _actor_error(actors: Actors, refs: list[Any]) -> BaseException | None:
     """The first of ``refs`` (all finished) that failed because its actor died, if any."""
-    import ray
-    from ray.exceptions import RayActorError
-
     for r in refs:
         try:
-            ray.get(r, timeout=0)
-        except RayActorError as e:
-            return e
-        except Exception:  # other errors are raised where the results are read
-            continue
+            actors.get(r, timeout=0)
+        except Exception as e:  # other errors are raised where the results are read
+            if actor_died(e):
+                return e
     return None
-
-
-_ray_lock = threading.Lock()
-
-
-def _connect_ray(address: str | None) -> None:
-    """Connect this process to Ray once (thread-safe)."""
-    with _ray_lock:
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
 
 
 def runner_factory(ray_address: str | None, etcd: str, *, preconnect: bool = True) -> Any:
@@ -704,7 +649,7 @@ def runner_factory(ray_address: str | None, etcd: str, *, preconnect: bool = Tru
 
         def connect() -> None:
             try:
-                _connect_ray(ray_address)
+                connect_ray(ray_address)
                 # the actor classes' modules (torch, transformers): seconds of import, paid now
                 from ..workers import rollout, trainer  # noqa: F401
             except Exception as e:  # the first job's runner retries and reports it

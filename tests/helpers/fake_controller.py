@@ -8,6 +8,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from controller.election import NotLeader
+from resilient_rl.job.context import JobContext
 from resilient_rl.job.reward_guard import RewardErrorWindow
 from resilient_rl.job.runner import JobRunner
 from resilient_rl.spec import parse_spec
@@ -19,25 +21,53 @@ class FakeController:
         self.state: dict[str, Any] = {"phase": "RUNNING", "step": 0}
         self.records: dict[int, dict[str, Any]] = {}
         self.events: list[tuple[str, str, dict[str, Any]]] = []
-        self.election = type("Election", (), {"is_leader": True})()
+        self.leads = True
+        self.token = 1
+        self.refused: list[str] = []  # writes attempted while not leading
+        self.writes: list[dict[str, Any]] = []  # every state update, in order
+        self.lock = threading.Lock()
+        self.lineage: dict[int, dict[str, Any]] = {}
+
+    def read_state(self, job: str) -> dict[str, Any]:
+        return dict(self.state)
+
+    def record_lineage(self, job: str, step: int, segment: dict[str, Any]) -> None:
+        self._fenced(f"lineage {step}")
+        self.lineage[step] = segment
+
+    def note_etcd_error(self) -> None:
+        pass
 
     def checkpoints(self, job: str) -> list[dict[str, Any]]:
         return [self.records[s] for s in sorted(self.records)]
 
     def record_checkpoint(self, job: str, step: int, info: dict[str, Any]) -> None:
+        self._fenced(f"checkpoint {step}")
         self.records[step] = {**info, "step": step}
 
     def forget_checkpoint(self, job: str, step: int) -> None:
+        self._fenced(f"forget checkpoint {step}")
         del self.records[step]
 
+    def _fenced(self, what: str) -> None:
+        """As the election's fence: a controller that no longer leads writes nothing."""
+        if not self.leads:
+            self.refused.append(what)
+            raise NotLeader(f"{self.id} is not the leader ({what} refused)")
+
     def event(self, job: str, kind: str, message: str, **data: Any) -> None:
-        self.events.append((kind, message, data))
+        self._fenced(f"event {kind}")
+        with self.lock:
+            self.events.append((kind, message, data))
 
     def update_state(self, job: str, expect: Any = None, **changes: Any) -> dict[str, Any]:
-        if expect is not None:
-            expect(self.state)
-        self.state.update(changes)
-        return self.state
+        self._fenced(f"state {sorted(changes)}")
+        with self.lock:
+            if expect is not None:
+                expect(self.state)
+            self.state.update(changes)
+            self.writes.append(dict(changes))
+            return self.state
 
 
 def bare_runner(c: FakeController, workdir: Path, **spec: Any) -> JobRunner:
@@ -47,4 +77,5 @@ def bare_runner(c: FakeController, workdir: Path, **spec: Any) -> JobRunner:
     r.spec = parse_spec({"name": "j", "model": {"init": {}}, **spec})
     r.rewards = RewardErrorWindow("task.reward exact", 0.5, 10)
     r._stop = threading.Event()
+    r.ctx = JobContext(r.job, r.spec, 1, workdir, "", c, None, want=lambda g: 1, stopped=r._stop)  # type: ignore[arg-type]
     return r

@@ -103,7 +103,7 @@ def test_workers_and_algo_never_import_the_driver() -> None:
     """The driver (job/, in the controller) calls the workers; never the other way round."""
     graph = _graph()
     assert {"resilient_rl.job.runner", "resilient_rl.workers.trainer", "resilient_rl.algo.grpo"} <= set(graph)
-    assert "resilient_rl.workers.trainer" in graph["resilient_rl.job.groups"]  # the scan sees the driver's own uses
+    assert "resilient_rl.workers.trainer" in graph["resilient_rl.job.actors"]  # the scan sees the driver's own uses
     bad = sorted(
         f"{m} imports {d}"
         for m, deps in graph.items()

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from resilient_rl.workers import model_init
 from resilient_rl.spec import TinyModelInit
+from resilient_rl.workers import model_init
 from resilient_rl.workers.model_init import MARKER, TOKENIZER_SPECIALS, build_tokenizer, make_tiny_model
 
 CHARS = "0123456789:=+-copyrevsadtih \n"

@@ -27,7 +27,7 @@ def test_snapshots_left_in_flight_are_committed_or_failed_never_silently_gone(tm
     c.record_checkpoint("j", 3, {"uri": str(_snapshot(root, 3, True))})
     orphan = _snapshot(root, 6, True)  # manifest written, the leader died before its etcd record
     half = _snapshot(root, 9, False)  # writers killed mid-write
-    assert close_inflight(runner(c, tmp_path, checkpoint={"keep": 3})) == [6]
+    assert close_inflight(runner(c, tmp_path, checkpoint={"keep": 3}).ctx) == [6]
     assert sorted(c.records) == [3, 6] and c.records[6]["uri"] == str(orphan)
     kinds = [(k, d.get("step")) for k, _, d in c.events]
     assert kinds == [("snapshot", 6), ("snapshot_failed", 9)]
@@ -40,7 +40,7 @@ def test_retention_applies_to_what_the_take_over_committed(tmp_path: Path) -> No
     for s in (3, 6):
         c.record_checkpoint("j", s, {"uri": str(_snapshot(root, s, True))})
     _snapshot(root, 9, True)
-    close_inflight(runner(c, tmp_path, checkpoint={"keep": 2}))
+    close_inflight(runner(c, tmp_path, checkpoint={"keep": 2}).ctx)
     assert sorted(c.records) == [6, 9] and not snapshot_dir(root, 3).exists()
 
 

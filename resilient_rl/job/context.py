@@ -1,0 +1,117 @@
+"""What every part of the driver is handed: one job's :class:`JobContext`.
+
+Groups, the snapshot flow and the restore choice take a context, not the runner: its
+fields are exactly what they read, all set before the runner's thread starts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from controller.election import NotLeader
+
+from ..naming import actor_name
+from ..spec import JobSpec
+from .actors import Actors
+
+
+class JobRecords(Protocol):
+    """The leader controller as a job's driver writes through it (every write fenced):
+    :class:`controller.service.Controller` implements it."""
+
+    id: str
+
+    @property
+    def leads(self) -> bool: ...
+
+    @property
+    def token(self) -> int: ...
+
+    def event(self, job: str, kind: str, message: str, **data: Any) -> None: ...
+
+    def read_state(self, job: str) -> dict[str, Any]: ...
+
+    def update_state(
+        self, job: str, expect: Callable[[dict[str, Any]], None] | None = None, **changes: Any
+    ) -> dict[str, Any]: ...
+
+    def checkpoints(self, job: str) -> list[dict[str, Any]]: ...
+
+    def record_checkpoint(self, job: str, step: int, info: dict[str, Any]) -> None: ...
+
+    def forget_checkpoint(self, job: str, step: int) -> None: ...
+
+    def record_lineage(self, job: str, step: int, segment: dict[str, Any]) -> None: ...
+
+    def note_etcd_error(self) -> None: ...
+
+
+@dataclass
+class JobContext:
+    job: str
+    spec: JobSpec
+    token: int  # fences the driver's calls on workers (see workers/fencing.py)
+    workdir: Path
+    etcd: str  # endpoints the workers register with
+    records: JobRecords
+    actors: Actors
+    want: Callable[[str], int]  # desired size of a group, as the runner knows it now
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    # -- the record (fenced writes) ------------------------------------------
+
+    def event(self, kind: str, message: str, **data: Any) -> None:
+        self.records.event(self.job, kind, message, **data)
+
+    def read_state(self) -> dict[str, Any]:
+        return self.records.read_state(self.job)
+
+    def update_state(self, expect: Callable[[dict[str, Any]], None] | None = None, **changes: Any) -> dict[str, Any]:
+        return self.records.update_state(self.job, expect=expect, **changes)
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        return self.records.checkpoints(self.job)
+
+    def record_checkpoint(self, step: int, info: dict[str, Any]) -> None:
+        self.records.record_checkpoint(self.job, step, info)
+
+    def forget_checkpoint(self, step: int) -> None:
+        self.records.forget_checkpoint(self.job, step)
+
+    def record_lineage(self, k: int, segment: dict[str, Any]) -> None:
+        """Record that the trainer group (re)started to rejoin live training at step ``k``
+        (a later restart at the same step replaces it: only the one that trained on counts)."""
+        self.records.record_lineage(self.job, k, {**segment, "at_step": k, "time": time.time()})
+
+    # -- leadership ------------------------------------------------------------
+
+    def check_leader(self) -> None:
+        """Raise NotLeader unless this controller still certainly leads and the runner runs
+        (checked before every action on workers: a deposed leader must not touch them)."""
+        if self.stopped.is_set():
+            raise NotLeader(f"the runner of job {self.job} was stopped")
+        if not self.records.leads:
+            raise NotLeader(f"controller {self.records.id} no longer leads job {self.job}")
+
+    def not_leader(self, e: BaseException) -> NotLeader:
+        return NotLeader(f"a worker refused our call, a newer leader owns it: {e}")
+
+    # -- names and placement -----------------------------------------------------
+
+    def actor_name(self, group: str, index: int) -> str:
+        return actor_name(self.job, group, index)
+
+    def runtime_env(self) -> dict[str, Any]:
+        return {
+            "env_vars": {
+                "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(self.spec.rollout.kv_cache_gib))),
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "HF_HUB_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+            }
+        }

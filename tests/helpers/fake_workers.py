@@ -1,0 +1,231 @@
+"""Scriptable stand-ins for the job's Ray actors, run by the fake actor layer
+(tests/helpers/fake_actors.py) under the driver's unit tests.
+
+They speak the workers' protocol (the methods and return shapes of
+``resilient_rl/workers/rollout.py`` and ``trainer.py``), write a real journal and real
+snapshot folders (``checkpoints/``: manifest last, digests), and fence calls with the real
+``check_fence``. What they compute is trivial (a sample's reward is its policy version; a
+rank's "weights" are the list of steps it applied), so a test can check exactly what was
+generated, trained and published. A :class:`Script` shared by every fake of a job holds
+the faults a test injects and what the fakes saw.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from checkpoints.journal import Journal
+from checkpoints.snapshots import snapshot_dir, write_manifest
+from resilient_rl.job.actors import Placement
+from resilient_rl.spec import JobSpec
+from resilient_rl.workers.fencing import check_fence
+from resilient_rl.workers.weights import WeightStore
+from tests.helpers.fake_actors import FakeActors
+
+
+class Crash(Exception):
+    """A scripted worker error (not an actor death)."""
+
+
+@dataclass
+class Script:
+    """Faults to inject (consumed as they fire) and what the fake workers saw."""
+
+    kill_rollout_at: set[tuple[int, int]] = field(default_factory=set)  # (step, shard): its worker dies mid-shard
+    hang_rollout_at: set[tuple[int, int]] = field(default_factory=set)  # (step, shard): its worker stops answering
+    kill_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank dies in train_step
+    hang_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank hangs in train_step
+    fail_start: int = 0  # trainer ranks that die in setup (each one counts down)
+    shard_delay_s: float = 0.0
+    train_delay_s: float = 0.0
+    on_train: Any = None  # called (step, rank) at the start of every train_step
+    generated: list[tuple[int, int, int]] = field(default_factory=list)  # (step, shard, worker) journaled
+    trained: list[tuple[int, int, int]] = field(default_factory=list)  # (step, rank, actor serial) applied
+    layer: FakeActors | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fire(self, where: set[tuple[int, int]], key: tuple[int, int]) -> bool:
+        with self.lock:
+            if key in where:
+                where.discard(key)
+                return True
+            return False
+
+
+def _die(obj: Any) -> None:
+    """Kill the actor this object runs in (as a crash of its process would)."""
+    obj._script.layer.kill(obj._fake_actor)
+    raise SystemExit  # the call ends; the layer already failed it with ActorDiedError
+
+
+def _hang(obj: Any) -> None:
+    while obj._fake_actor.alive:
+        time.sleep(0.02)
+    raise SystemExit
+
+
+_serial = iter(range(1, 1_000_000))
+
+
+class FakeRollout:
+    _script: Script
+
+    def __init__(self, job: str, index: int, spec_json: str, model_dir: str, workdir: str, etcd: str) -> None:
+        self.index = index
+        self.spec = JobSpec.model_validate_json(spec_json)
+        self.journal = Journal(Path(workdir) / "journal")
+        self.version = 0
+        self.fence = 0
+
+    def adopt(self, token: int, spec_digest: str, version: int, weights: Any) -> int:
+        check_fence(self.fence, token, "adopt")
+        self.fence = token
+        if weights is not None:
+            self.load_weights(version, weights)
+        return self.version
+
+    def load_weights(self, version: int, weights: Any) -> int:
+        if version > self.version:
+            self.version = version
+        return self.version
+
+    def generate_shard(self, step: int, shard: int, indices: list[int], token: int = 0) -> dict[str, Any]:
+        check_fence(self.fence, token, f"shard {step}/{shard}")
+        s = self._script
+        if s.fire(s.kill_rollout_at, (step, shard)):
+            _die(self)
+        if s.fire(s.hang_rollout_at, (step, shard)):
+            _hang(self)
+        time.sleep(s.shard_delay_s)
+        n = self.spec.rollout.sampling.n
+        samples = [
+            {"prompt_index": i, "sample": j, "prompt_ids": [3], "token_ids": [4, 1], "logprobs": [0.0, 0.0],
+             "text": "x", "reward": min(1.0, self.version / 10), "reward_error": None, "version": self.version}
+            for i in indices for j in range(n)
+        ]  # fmt: skip
+        ref = self.journal.write_shard(step, shard, samples, {"worker": self.index, "version": self.version})
+        with s.lock:
+            s.generated.append((step, shard, self.index))
+        return {"ref": ref.to_dict(), "bytes": 100, "version": self.version, "reward_mean": 0.0, "reward_errors": 0,
+                "reward_error": None, "samples": len(samples), "tokens": 2 * len(samples), "seconds": 0.0,
+                "worker": self.index}  # fmt: skip
+
+    def shutdown(self) -> None:
+        pass
+
+
+class FakeTrainer:
+    _script: Script
+
+    def __init__(
+        self, job: str, rank: int, world: int, spec_json: str, model_dir: str, workdir: str, etcd: str
+    ) -> None:
+        self.rank, self.world = rank, world
+        self.journal = Journal(Path(workdir) / "journal")
+        self.serial = next(_serial)
+        self.step = 0
+        self.applied: list[int] = []
+        self.fence = 0
+        self.last: dict[str, Any] | None = None
+        self.training: int | None = None
+        self.pending: int | None = None
+
+    def address(self) -> tuple[str, int]:
+        return "127.0.0.1", 0
+
+    def setup(self, master: tuple[str, int], restore: str | None = None) -> dict[str, Any]:
+        s = self._script
+        with s.lock:
+            dies = s.fail_start > 0
+            s.fail_start -= dies
+        if dies:
+            _die(self)
+        if restore:
+            state = json.loads((Path(restore) / f"rank{self.rank}.json").read_text())
+            self.step, self.applied = state["step"], state["applied"]
+        return {"rank": self.rank, "step": self.step, "digest": self.digest(), "threads": 1}
+
+    @ray.method(concurrency_group="control")
+    def adopt(self, token: int, spec_digest: str) -> dict[str, Any]:
+        check_fence(self.fence, token, "adopt")
+        self.fence = token
+        busy = self.training is not None
+        return {"rank": self.rank, "world": self.world, "step": self.step, "pid": self.serial,
+                "last": None if busy else self.last, "busy": busy}  # fmt: skip
+
+    def train_step(self, step: int, publish: bool = True, token: int = 0) -> dict[str, Any]:
+        check_fence(self.fence, token, f"train step {step}")
+        if step != self.step:
+            raise RuntimeError(f"rank {self.rank} is at step {self.step}, asked to train step {step}")
+        s = self._script
+        self.training = step
+        try:
+            if s.on_train is not None:
+                s.on_train(step, self.rank)
+            if s.fire(s.kill_rank_at, (step, self.rank)):
+                _die(self)
+            if s.fire(s.hang_rank_at, (step, self.rank)):
+                _hang(self)
+            time.sleep(s.train_delay_s)
+            samples = self.journal.read_batch(step)  # the whole batch is journaled, or this raises
+            self.applied.append(step)
+            self.step = step + 1
+            with s.lock:
+                s.trained.append((step, self.rank, self.serial))
+            out: dict[str, Any] = {"rank": self.rank, "step": step, "loss": 0.0, "samples": len(samples),
+                                   "reward_mean": sum(x["reward"] for x in samples) / len(samples)}  # fmt: skip
+            if self.rank == 0 and publish:
+                out["weights"] = ("weights", self.step)
+            self.last = {k: v for k, v in out.items() if k != "weights"}
+            return out
+        finally:
+            self.training = None
+
+    def publish(self) -> dict[str, Any]:
+        return {"step": self.step, "weights": ("weights", self.step)}
+
+    def digest(self) -> str:
+        return ",".join(map(str, self.applied))
+
+    def snapshot(self, root: str, token: int) -> dict[str, Any]:
+        check_fence(self.fence, token, "snapshot")
+        d = snapshot_dir(Path(root), self.step)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"rank{self.rank}.json").write_text(json.dumps({"step": self.step, "applied": self.applied}))
+        self.pending = self.step
+        return {"rank": self.rank, "step": self.step, "blocking_s": 0.0}
+
+    @ray.method(concurrency_group="io")
+    def wait_snapshot(self) -> dict[str, Any]:
+        step, self.pending = self.pending, None
+        return {"ok": step is not None, "rank": self.rank, "step": step, "total_s": 0.0, "error": None}
+
+    @ray.method(concurrency_group="io")
+    def commit_snapshot(self, root: str, step: int, meta: dict[str, Any]) -> dict[str, Any]:
+        m = write_manifest(snapshot_dir(Path(root), step), {**meta, "step": step, "world": self.world})
+        return {"step": step, "uri": str(m.path), "digest": m.digest, "bytes": m.bytes}
+
+    def shutdown(self) -> None:
+        pass
+
+
+def fake_layer(script: Script, **kw: Any) -> FakeActors:
+    """A fake actor layer whose roles run these fakes, all sharing ``script``."""
+    roles = {
+        "rollout": type("Rollout", (FakeRollout,), {"_script": script}),
+        "trainer": type("Trainer", (FakeTrainer,), {"_script": script}),
+        "weights": WeightStore,
+    }
+    layer = FakeActors(roles=roles, **kw)
+    script.layer = layer
+    return layer
+
+
+__all__ = ["Crash", "FakeRollout", "FakeTrainer", "Placement", "Script", "fake_layer"]

@@ -1,0 +1,336 @@
+"""The job driver's fault paths over the fake actor layer: no Ray, no etcd, no torch.
+
+The runner (resilient_rl/job/) runs unchanged; under it the fake actor layer
+(tests/helpers/fake_actors.py, held to Ray's behaviour by the contract suite) runs the
+scriptable fake workers of tests/helpers/fake_workers.py, and the controller's record is
+the in-memory one of tests/helpers/fake_controller.py. Each test scripts one fault and
+checks what the driver did: what was generated, trained, committed and recorded.
+The real-process versions of these paths are the e2e tests (tests/e2e/test_faults.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpoints.journal import Journal
+from checkpoints.snapshots import snapshot_dir
+from controller.http import views
+from controller.jobs import JobRecord
+from resilient_rl.job.runner import JobRunner
+from resilient_rl.spec import parse_spec
+from tests.helpers.fake_controller import FakeController
+from tests.helpers.fake_workers import Script, fake_layer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _spec(tmp: Path, **over: Any) -> dict[str, Any]:
+    model = tmp / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    base: dict[str, Any] = {
+        "name": "drv", "model": {"path": str(model)}, "steps": 4, "prompts_per_step": 4,
+        "rollout": {"replicas": 2, "sampling": {"n": 2}}, "trainer": {"replicas": 2},
+        "checkpoint": {"dir": str(tmp / "work"), "every": 2, "keep": 3}, "fault": {"hang_timeout": 30},
+    }  # fmt: skip
+    for k, v in over.items():
+        base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return parse_spec(base).model_dump(mode="json", by_alias=True)
+
+
+class Job:
+    """One job, its record and its workers; runners come and go (leaders)."""
+
+    def __init__(self, tmp: Path, script: Script | None = None, **spec: Any) -> None:
+        self.spec = _spec(tmp, **spec)
+        self.script = script or Script()
+        self.layer = fake_layer(self.script)
+        self.c = FakeController()
+        self.c.state = {"phase": "PENDING", "step": 0, "policy_version": 0}
+        self.desired: dict[str, Any] = {}
+        self.runner: JobRunner | None = None
+
+    def record(self) -> JobRecord:
+        return JobRecord("drv", self.spec, dict(self.desired), dict(self.c.state))
+
+    def lead(self) -> JobRunner:
+        """A (new) leader starts the job's runner."""
+        self.c.leads = True
+        self.c.token += 1
+        self.runner = JobRunner(self.c, self.record(), None, "", actors=self.layer)
+        return self.runner
+
+    def finish(self, timeout: float = 30) -> str:
+        assert self.runner is not None
+        self.runner._thread.join(timeout)
+        assert not self.runner._thread.is_alive(), "the runner did not finish"
+        return str(self.c.state.get("phase"))
+
+    def wait(self, cond: Any, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.01)
+
+    def kinds(self) -> list[str]:
+        return [k for k, _, _ in self.c.events]
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [{"message": m, **d} for k, m, d in self.c.events if k == kind]
+
+    def steps_trained(self) -> Counter[tuple[int, int]]:
+        """(step, rank) -> how often a rank of the *final* trainer lineage applied it."""
+        return Counter((s, r) for s, r, _ in self.script.trained)
+
+    def created(self, group: str) -> list[str]:
+        return [n for n, _ in self.layer.created if f":{group}:" in n]
+
+
+def _digest_of_final_weights(job: Job) -> str:
+    return str(job.c.state.get("weights_digest"))
+
+
+def test_a_job_runs_every_step_once_and_commits_them_in_order(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert _digest_of_final_weights(job) == "0,1,2,3"  # each step applied once, in order
+    assert job.steps_trained() == Counter({(s, r): 1 for s in range(4) for r in range(2)})
+    commits = [w["step"] for w in job.c.writes if "policy_version" in w and "reward" in w]
+    assert commits == [1, 2, 3, 4]
+    assert sorted(job.c.records) == [2, 4]  # every 2 committed steps
+    lines = [json.loads(x)["step"] for x in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [0, 1, 2, 3]  # the metrics file in commit order
+
+
+def test_a_new_leader_adopts_the_running_workers_and_applies_no_step_twice(tmp_path: Path) -> None:
+    script = Script(train_delay_s=0.05)
+    job = Job(tmp_path, script, steps=6)
+    first = job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 2)
+    job.c.leads = False  # the leader loses its lease mid-run ...
+    first.stop(final=False)  # ... and the controller stops its driver
+    assert not first._thread.is_alive()  # stop returns once the thread can write no more
+    trainers_before = job.created("trainer")
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert job.created("trainer") == trainers_before  # adopted, not restarted
+    (adopted,) = job.events("adopted")
+    assert adopted["trainers"] == 2 and adopted["rollouts"] == 2
+    assert max(job.steps_trained().values()) == 1 and _digest_of_final_weights(job) == "0,1,2,3,4,5"
+
+
+def test_a_step_trained_but_not_committed_is_committed_once_by_the_next_leader(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=5)
+
+    def lose_lead_during(step: int, rank: int) -> None:
+        if step == 2 and job.c.token == 2:
+            job.c.leads = False  # the step trains; its commit is refused (fenced)
+
+    job.script.on_train = lose_lead_during
+    first = job.lead()
+    first._thread.join(20)
+    assert not first._thread.is_alive() and job.c.state["step"] == 2  # trained 2, committed only 0, 1
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (rec,) = job.events("commit_recovered")
+    assert rec["step"] == 2
+    assert max(job.steps_trained().values()) == 1 and _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_a_rank_lost_mid_step_restarts_the_group_from_the_snapshot_and_replays(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(kill_rank_at={(3, 1)}), steps=5)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (restart,) = job.events("trainer_restart")
+    assert restart["cause"] == "lost" and restart["resize"] is False and views.is_fault({"kind": "trainer_restart",
+                                                                                           **restart})  # fmt: skip
+    assert job.c.lineage[3]["from_step"] == 2  # restored from the step-2 snapshot, replayed step 2
+    assert job.events("replay")[0]["first"] == 2
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"  # the restored lineage applied each step once
+    assert "recovered" in job.kinds() and job.c.state["open_faults"] == []
+
+
+def test_a_rollout_worker_lost_mid_shard_has_its_shard_generated_again_once(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(kill_rollout_at={(1, 0)}), steps=3)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    sends = Counter((a[0], a[1]) for name, m, a in job.layer.calls if m == "generate_shard")
+    assert sends[(1, 0)] == 2 and all(n == 1 for key, n in sends.items() if key != (1, 0))
+    assert Counter((s, sh) for s, sh, _ in job.script.generated)[(1, 0)] == 1  # journaled once
+    (fault,) = job.events("rollout_fault")
+    assert fault["worker"] in (0, 1) and "ActorDiedError" in fault["message"]
+
+
+def test_the_watchdog_replaces_a_hung_rollout_worker(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(hang_rollout_at={(1, 1)}), steps=3, fault={"hang_timeout": 0.5})
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (hang,) = job.events("rollout_hang")
+    assert hang["detection_s"] >= 0.5
+    assert Counter((s, sh) for s, sh, _ in job.script.generated)[(1, 1)] == 1
+
+
+def test_a_hung_trainer_rank_restarts_the_group(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(hang_rank_at={(2, 0)}), steps=3, fault={"hang_timeout": 0.3})
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert job.events("trainer_hang") and job.events("trainer_restart")[0]["cause"] == "hang"
+    assert _digest_of_final_weights(job) == "0,1,2"
+
+
+def test_a_crash_loop_spends_the_restart_budget_and_fails_the_job_with_the_reason(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(kill_rank_at={(1, 0)}, fail_start=0), steps=4,
+              fault={"max_restarts": 2, "restart_window": 600})  # fmt: skip
+
+    def crash_on_restart(step: int, rank: int) -> None:
+        job.script.fail_start = 100  # every later start of a rank dies in setup
+
+    job.script.on_train = lambda s, r: crash_on_restart(s, r) if s == 1 else None
+    job.lead()
+    assert job.finish() == "FAILED"
+    assert "trainer group restarted 3 times within 600s (fault.max_restarts = 2)" in job.c.state["reason"]
+
+
+def test_a_corrupt_newest_snapshot_falls_back_to_the_one_before(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=6, checkpoint={"every": 2})
+    root = tmp_path / "work" / "snapshots"
+
+    def corrupt_then_crash(step: int, rank: int) -> None:
+        if step == 5 and rank == 0 and not job.events("trainer_restart"):
+            job.wait(lambda: 4 in job.c.records)  # committed beside this step (the io group)
+            (snapshot_dir(root, 4) / "rank0.json").write_text('{"step": 4, "applied": [9, 9, 9, 9]}')
+            job.script.kill_rank_at.add((5, 0))
+
+    job.script.on_train = corrupt_then_crash
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert [e["step"] for e in job.events("snapshot_corrupt")] == [4]
+    assert job.c.lineage[5]["from_step"] == 2  # not the corrupt 4
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5"
+
+
+def test_a_replacement_starts_only_after_its_backoff(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(kill_rollout_at={(1, 0), (2, 0)}, train_delay_s=0.3), steps=6)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    faults = job.events("rollout_fault")
+    assert [f["backoff_s"] for f in faults] == [0.5, 1.0]  # doubling per fault in the window
+    name = f"rrl:drv:rollout:{faults[0]['worker']}"
+    killed = min(t for n, t in job.layer.killed if n == name)
+    started = min(t for n, t in job.layer.created if n == name and t > killed)
+    assert started - killed >= 0.5 - 0.02
+
+
+def test_scale_down_drains_a_worker_and_gives_it_no_shard_after(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(shard_delay_s=0.02), steps=6, rollout={"replicas": 3})
+    runner = job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 1)
+    job.desired = {"rollout": 1}
+    runner.reconcile(job.record())
+    assert job.finish() == "SUCCEEDED"
+    drained = [e["worker"] for e in job.events("scale") if "drained" in e["message"]]
+    assert sorted(drained) == [1, 2]
+    for w in (1, 2):
+        name = f"rrl:drv:rollout:{w}"
+        at = job.layer.calls.index(next(c for c in job.layer.calls if c[0] == name and c[1] == "shutdown"))
+        assert not [c for c in job.layer.calls[at:] if c[0] == name and c[1] == "generate_shard"]
+    resize = [e for e in job.c.events if e[0] == "scale"]
+    assert not any(views.is_fault({"kind": k, **d}) for k, _, d in resize)
+
+
+def test_a_trainer_resize_is_no_fault(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=6, checkpoint={"every": 1})
+    runner = job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 2)
+    job.desired = {"trainer": 1}
+    runner.reconcile(job.record())
+    assert job.finish() == "SUCCEEDED"
+    (restart,) = job.events("trainer_restart")
+    assert restart["resize"] is True and not views.is_fault({"kind": "trainer_restart", **restart})
+    assert "recovered" not in job.kinds()  # nothing to recover from
+    assert all(not w.get("open_faults") for w in job.c.writes if "open_faults" in w)
+
+
+def test_a_shard_beyond_the_staleness_bound_fails_the_job(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=4, prompts_per_step=2, rollout={"replicas": 1}, **{"async": {"max_staleness": 0}})
+    # a complete batch for step 2 made by policy v0 (a journal left from before): never trained
+    journal = Journal(tmp_path / "work" / "journal")
+    sample = {"prompt_index": 0, "sample": 0, "prompt_ids": [3], "token_ids": [4], "logprobs": [0.0], "text": "x",
+              "reward": 0.0, "reward_error": None, "version": 0}  # fmt: skip
+    journal.commit_batch(2, [journal.write_shard(2, 0, [sample, {**sample, "sample": 1}], {"version": 0})])
+    job.lead()
+    assert job.finish() == "FAILED"
+    assert "step 2: a shard was generated by policy v0, beyond max_staleness" in job.c.state["reason"]
+    assert (2, 0) not in job.steps_trained()
+
+
+def test_on_policy_every_trained_sample_comes_from_the_policy_of_its_step(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=4, **{"async": {"max_staleness": 0}})
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    journal = Journal(tmp_path / "work" / "journal")
+    for k in range(4):
+        assert {s["version"] for s in journal.read_batch(k)} == {k}
+
+
+def test_a_leader_that_loses_its_lease_mid_step_writes_nothing_after(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=5)
+
+    def lose(step: int, rank: int) -> None:
+        if step == 1 and rank == 0:
+            job.c.leads = False
+
+    job.script.on_train = lose
+    runner = job.lead()
+    runner._thread.join(20)
+    assert not runner._thread.is_alive()
+    assert job.c.state["step"] == 1 and job.c.state["phase"] == "RUNNING"  # not FAILED: the next leader goes on
+    assert not [w for w in job.c.writes if w.get("step") == 2]  # step 1 trained, never committed
+    sent = len(job.layer.calls)
+    time.sleep(0.3)
+    assert len(job.layer.calls) == sent  # nothing is sent to a worker after
+    assert not job.layer.killed  # the workers stay for the next leader
+
+
+def test_a_stopped_runner_touches_no_worker_and_writes_nothing_after_stop(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(train_delay_s=0.05), steps=10)
+    runner = job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 2)
+    runner.stop(final=False)  # the controller replaces this driver (its lease is still valid)
+    assert not runner._thread.is_alive()
+    at_stop = job.c.state["step"]
+    calls, writes = len(job.layer.calls), len(job.c.writes)
+    time.sleep(0.3)
+    assert (len(job.layer.calls), len(job.c.writes)) == (calls, writes)
+    assert at_stop < 10 and job.c.state["phase"] == "RUNNING"  # not finished, not failed: the next runner goes on
+
+
+def test_each_crash_spends_one_restart_of_the_budget(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(kill_rank_at={(1, 0), (2, 1), (3, 0)}), steps=5, checkpoint={"every": 1},
+              fault={"max_restarts": 2, "restart_window": 600})  # fmt: skip
+    job.lead()
+    assert job.finish() == "FAILED"  # the third crash is one too many, though every restart succeeded
+    assert len(job.events("trainer_recovered")) == 2
+    assert "trainer group restarted 3 times within 600s (fault.max_restarts = 2)" in job.c.state["reason"]
+
+
+def test_a_step_committed_meanwhile_by_someone_else_is_never_applied_twice(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=4)
+
+    def other_writer(step: int, rank: int) -> None:
+        if step == 2 and rank == 0:
+            with job.c.lock:
+                job.c.state["step"] = 3  # step 2 committed by another runner while this one trained it
+
+    job.script.on_train = other_writer
+    job.lead()
+    assert job.finish() == "FAILED"
+    assert "refusing to commit step 2: etcd says the job is at step 3" in job.c.state["reason"]
+    assert not [w for w in job.c.writes if w.get("step") == 3 and "reward" in w]
