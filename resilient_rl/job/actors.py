@@ -146,7 +146,7 @@ def _remote_class(cls: Any) -> Any:
         for m in dir(cls)
         if not m.startswith("__") and callable(getattr(cls, m, None))
     } - {None}
-    return ray.remote(concurrency_groups={g: 1 for g in groups})(cls) if groups else ray.remote(cls)
+    return ray.remote(concurrency_groups={g: 1 for g in groups})(cls) if groups else ray.remote(cls)  # type: ignore[call-overload]
 
 
 class RayActors:

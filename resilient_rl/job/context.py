@@ -62,31 +62,61 @@ class JobContext:
     actors: Actors
     want: Callable[[str], int]  # desired size of a group, as the runner knows it now
     stopped: threading.Event = field(default_factory=threading.Event)
+    # held by every write and by stop(): once stop() returns no write is under way or can start
+    write_lock: threading.RLock = field(default_factory=threading.RLock)
 
-    # -- the record (fenced writes) ------------------------------------------
+    def stop(self) -> None:
+        """No write of this job's driver after this returns (waits for one under way)."""
+        with self.write_lock:
+            self.stopped.set()
+
+    def _writing(self, what: str) -> None:
+        if self.stopped.is_set():
+            raise NotLeader(f"the runner of job {self.job} was stopped: {what} not written")
+
+    # -- the record (fenced writes, all through write_lock) ----------------------
 
     def event(self, kind: str, message: str, **data: Any) -> None:
-        self.records.event(self.job, kind, message, **data)
+        with self.write_lock:
+            self._writing(f"event {kind}")
+            self.records.event(self.job, kind, message, **data)
 
     def read_state(self) -> dict[str, Any]:
         return self.records.read_state(self.job)
 
     def update_state(self, expect: Callable[[dict[str, Any]], None] | None = None, **changes: Any) -> dict[str, Any]:
-        return self.records.update_state(self.job, expect=expect, **changes)
+        with self.write_lock:
+            self._writing("state")
+            return self.records.update_state(self.job, expect=expect, **changes)
+
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        """Step ``row['step']``'s line of ``metrics.jsonl``: written before its commit, on the
+        commit's own path (a stopped runner writes none; see controller/steplog.py)."""
+        from controller import steplog
+
+        with self.write_lock:
+            self._writing(f"metrics of step {row.get('step')}")
+            steplog.append(self.workdir / "metrics.jsonl", row)
 
     def checkpoints(self) -> list[dict[str, Any]]:
         return self.records.checkpoints(self.job)
 
     def record_checkpoint(self, step: int, info: dict[str, Any]) -> None:
-        self.records.record_checkpoint(self.job, step, info)
+        with self.write_lock:
+            self._writing(f"checkpoint {step}")
+            self.records.record_checkpoint(self.job, step, info)
 
     def forget_checkpoint(self, step: int) -> None:
-        self.records.forget_checkpoint(self.job, step)
+        with self.write_lock:
+            self._writing(f"forget checkpoint {step}")
+            self.records.forget_checkpoint(self.job, step)
 
     def record_lineage(self, k: int, segment: dict[str, Any]) -> None:
         """Record that the trainer group (re)started to rejoin live training at step ``k``
         (a later restart at the same step replaces it: only the one that trained on counts)."""
-        self.records.record_lineage(self.job, k, {**segment, "at_step": k, "time": time.time()})
+        with self.write_lock:
+            self._writing(f"lineage {k}")
+            self.records.record_lineage(self.job, k, {**segment, "at_step": k, "time": time.time()})
 
     # -- leadership ------------------------------------------------------------
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints.journal import Journal, JournalFull, ShardRef, free_mb
-from controller import steplog
 from controller.election import NotLeader
 from controller.jobs import TERMINAL, JobRecord
 from controller.store import EtcdError
@@ -112,8 +111,11 @@ class JobRunner:
         return not self._thread.is_alive() and not self._stop.is_set()
 
     def stop(self, final: bool) -> None:
-        """Stop the loop; with ``final`` also stop the job's workers (cancel, job ended)."""
-        self._stop.set()
+        """Stop the loop; with ``final`` also stop the job's workers (cancel, job ended).
+
+        Returns only once this runner can write nothing more (a write under way is waited
+        for; every later one is refused, see :meth:`JobContext.stop`)."""
+        self.ctx.stop()  # sets self._stop
         if threading.current_thread() is not self._thread:
             # final: the job is terminal in etcd already and every write of the runner is refused
             # (`live`, `committable`), so a thread busy elsewhere need not be waited for
@@ -486,7 +488,7 @@ class JobRunner:
         self.check_leader()
         # the line first: a leader killed between the two writes must not lose a committed step's
         # line; a line without its commit is dropped by every reader (controller/steplog.py)
-        steplog.append(self.workdir / "metrics.jsonl", {**metrics, "time": time.time()})
+        self.ctx.append_metrics({**metrics, "time": time.time()})
         self.ctx.update_state(
             expect=lambda cur: committable(cur, k),
             step=k + 1,

@@ -334,3 +334,35 @@ def test_a_step_committed_meanwhile_by_someone_else_is_never_applied_twice(tmp_p
     assert job.finish() == "FAILED"
     assert "refusing to commit step 2: etcd says the job is at step 3" in job.c.state["reason"]
     assert not [w for w in job.c.writes if w.get("step") == 3 and "reward" in w]
+
+
+def test_stop_waits_for_a_write_under_way_and_refuses_every_later_one(tmp_path: Path) -> None:
+    import threading
+
+    from controller.election import NotLeader
+    from resilient_rl.job.context import JobContext
+
+    c = FakeController()
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(cur: dict[str, Any]) -> None:  # an etcd write that takes its time
+        entered.set()
+        release.wait(5)
+
+    ctx = JobContext("drv", parse_spec(_spec(tmp_path)), 1, tmp_path, "", c, None, want=lambda g: 1)  # type: ignore[arg-type]
+    writer = threading.Thread(target=lambda: ctx.update_state(expect=slow, step=7))
+    writer.start()
+    entered.wait(5)
+    stopper = threading.Thread(target=ctx.stop)
+    stopper.start()
+    time.sleep(0.2)
+    assert stopper.is_alive()  # stop() waits for the write under way ...
+    release.set()
+    stopper.join(5)
+    writer.join(5)
+    assert not stopper.is_alive() and c.state["step"] == 7
+    for write in (lambda: ctx.update_state(step=8), lambda: ctx.event("snapshot", "x"),
+                  lambda: ctx.append_metrics({"step": 8}), lambda: ctx.record_lineage(8, {})):  # fmt: skip
+        with pytest.raises(NotLeader):  # ... and nothing is written after it returned
+            write()
+    assert c.state["step"] == 7 and not (tmp_path / "metrics.jsonl").exists()
