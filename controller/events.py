@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from enum import StrEnum
 from typing import Any
 
 from . import keys
@@ -17,6 +18,57 @@ from .election import Election
 from .store import Compare, Delete, Put, Store
 
 MAX_EVENTS = 2000
+
+
+class Kind(StrEnum):
+    """Every kind of event, shared by the driver that writes them and every reader (the page,
+    the metrics, the chaos harness). Readers decide by ``kind`` and the structured fields
+    (``group``, ``worker``, ``cause``, ``seconds``, ``resize``), never by the message."""
+
+    # the job's life and the control plane's
+    SUBMITTED = "submitted"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    QUARANTINED = "quarantined"
+    LEADER = "leader"
+    DRIVER_RESTART = "driver_restart"
+    ETCD_LOST = "etcd_lost"
+    ETCD_BACK = "etcd_back"
+    TASK_ROWS_QUARANTINED = "task_rows_quarantined"
+    REWARD_ERRORS = "reward_errors"
+    WORKERS_REAPED = "workers_reaped"
+    # faults and detections
+    ROLLOUT_FAULT = "rollout_fault"
+    ROLLOUT_HANG = "rollout_hang"
+    TRAINER_HANG = "trainer_hang"
+    TRAINER_RESTART = "trainer_restart"  # also a resize: its ``resize`` field says which
+    SNAPSHOT_FAILED = "snapshot_failed"
+    SNAPSHOT_CORRUPT = "snapshot_corrupt"
+    # recoveries
+    RECOVERED = "recovered"  # a step committed after faults: one per fault, with ``seconds``
+    ROLLOUT_JOINED = "rollout_joined"
+    GROUP_RESTORED = "group_restored"
+    TRAINER_RECOVERED = "trainer_recovered"
+    ADOPTED = "adopted"
+    COMMIT_RECOVERED = "commit_recovered"
+    REPLAY = "replay"
+    # scaling and snapshots
+    SCALE = "scale"
+    AUTOSCALE = "autoscale"
+    SNAPSHOT = "snapshot"
+
+
+#: what an operator counts as a fault (a ``trainer_restart`` only when not a resize)
+FAULTS = frozenset({Kind.ROLLOUT_FAULT, Kind.ROLLOUT_HANG, Kind.TRAINER_RESTART, Kind.SNAPSHOT_FAILED,
+                    Kind.SNAPSHOT_CORRUPT, Kind.FAILED})  # fmt: skip
+#: the job's own recovery (a step committed after a fault), a group's, a new leader's take-over
+RECOVERIES = frozenset({Kind.RECOVERED, Kind.GROUP_RESTORED, Kind.TRAINER_RECOVERED, Kind.ADOPTED,
+                        Kind.COMMIT_RECOVERED})  # fmt: skip
+ROLLOUT_FAULTS = frozenset({Kind.ROLLOUT_FAULT, Kind.ROLLOUT_HANG})
 
 
 class EventLog:
@@ -33,14 +85,16 @@ class EventLog:
             self._seq = int(kvs[-1].key.rsplit("/", 1)[1]) + 1 if kvs else 0
         return self._seq
 
-    def append(self, kind: str, message: str, **data: Any) -> int:
-        """Append one event; returns its sequence number. Raises NotLeader if fenced out."""
+    def append(self, kind: Kind | str, message: str, **data: Any) -> int:
+        """Append one event; returns its sequence number. Raises NotLeader if fenced out, and
+        ValueError for a kind that is not a :class:`Kind`."""
+        kind = Kind(kind)
         for _ in range(5):
             seq = self._next_seq()
             ev = {
                 "seq": seq,
                 "time": time.time(),
-                "kind": kind,
+                "kind": kind.value,
                 "message": message,
                 "leader": self.election.id,
                 **data,

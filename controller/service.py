@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from . import jobs, keys
 from .election import Election, NotLeader
-from .events import EventLog
+from .events import EventLog, Kind
 from .store import Compare, Delete, EtcdError, Put, Store
 from .watch import KeptLease
 
@@ -129,9 +129,9 @@ class Controller:
         for rec in recs:
             if rec.phase in jobs.TERMINAL or not rec.state:
                 continue
-            self.event(rec.id, "etcd_lost", f"etcd unreachable from controller {self.id} since "
+            self.event(rec.id, Kind.ETCD_LOST, f"etcd unreachable from controller {self.id} since "
                        f"{time.strftime('%H:%M:%S', time.localtime(since))}", since=since, group="etcd")  # fmt: skip
-            self.event(rec.id, "etcd_back", f"etcd reachable again after {secs}s", seconds=secs, since=since,
+            self.event(rec.id, Kind.ETCD_BACK, f"etcd reachable again after {secs}s", seconds=secs, since=since,
                        group="etcd")  # fmt: skip
 
     def _register(self, role: str) -> None:
@@ -175,7 +175,7 @@ class Controller:
         if not self._stop.is_set():
             log.warning("controller %s is no longer leader", self.id)
 
-    def event(self, job: str, kind: str, message: str, **data: Any) -> None:
+    def event(self, job: str, kind: Kind, message: str, **data: Any) -> None:
         log_ = self._events.setdefault(job, EventLog(self.election, job))
         log_.append(kind, message, **data)
 
@@ -239,14 +239,14 @@ class Controller:
         if not rec.state:
             self._events.pop(rec.id, None)  # a new job (perhaps a deleted one's name): its own log
             self.update_state(rec.id, phase="PENDING", step=0, policy_version=0, trainer_epoch=0, checkpoint=None)
-            self.event(rec.id, "submitted", f"job {rec.id} accepted by controller {self.id}")
+            self.event(rec.id, Kind.SUBMITTED, f"job {rec.id} accepted by controller {self.id}")
         elif leader_changed:
-            self.event(rec.id, "leader", f"controller {self.id} took over as leader", token=self.election.token)
+            self.event(rec.id, Kind.LEADER, f"controller {self.id} took over as leader", token=self.election.token)
         if rec.desired.get("cancel"):
             # written first, whatever the driver is doing (a thread cannot be interrupted): the driver's
             # own writes require a live phase, so it cannot overwrite CANCELLED or commit a step after it
             self.update_state(rec.id, phase="CANCELLED", reason="cancelled by user", finished_at=time.time())
-            self.event(rec.id, "cancelled", "job cancelled by user")
+            self.event(rec.id, Kind.CANCELLED, "job cancelled by user")
             self._drop_driver(rec.id)
             return
         if self.driver_factory is None:
@@ -255,7 +255,7 @@ class Controller:
         if old is not None and getattr(old, "exited", False):  # its loop gave up (etcd outage): start over
             self.drivers.pop(rec.id).stop(final=False)
             self.event(
-                rec.id, "driver_restart", "the job's driver stopped without finishing; taking the job over again"
+                rec.id, Kind.DRIVER_RESTART, "the job's driver stopped without finishing; taking the job over again"
             )
         if rec.id not in self.drivers:
             if not self._may_run(rec):
@@ -280,7 +280,7 @@ class Controller:
             if float(rec.desired.get("resume") or 0) <= float(st.get("quarantined_at") or 0):
                 return False
             self.update_state(rec.id, phase="PENDING", reason=None, runner=None, runner_strikes=0)
-            self.event(rec.id, "resumed", "quarantine lifted by `rrl resume`: running the job again")
+            self.event(rec.id, Kind.RESUMED, "quarantine lifted by `rrl resume`: running the job again")
             st = {**st, "runner": None, "runner_strikes": 0}
         prev, strikes = st.get("runner"), int(st.get("runner_strikes") or 0)
         if prev and prev.get("token") != self.election.token:
@@ -293,7 +293,7 @@ class Controller:
                       f"`rrl resume {rec.id}` runs it again")  # fmt: skip
             self.update_state(rec.id, phase=QUARANTINED, reason=reason, quarantined_at=time.time(),
                               runner=None, runner_strikes=strikes)  # fmt: skip
-            self.event(rec.id, "quarantined", reason, strikes=strikes)
+            self.event(rec.id, Kind.QUARANTINED, reason, strikes=strikes)
             return False
         self.update_state(rec.id, runner={"by": self.id, "token": self.election.token, "at": time.time(),
                                           "step": int(st.get("step") or 0)}, runner_strikes=strikes)  # fmt: skip

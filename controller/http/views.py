@@ -17,22 +17,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..events import FAULTS as FAULT_KINDS
+from ..events import RECOVERIES as RECOVERY_KINDS
+from ..events import ROLLOUT_FAULTS, Kind
 from ..jobs import JobRecord
-
-# event kinds, by what they mean to an operator
-FAULT_KINDS = ("rollout_fault", "rollout_hang", "trainer_restart", "snapshot_failed", "snapshot_corrupt", "failed")
-# the job's own (a step committed after a fault), a group's, a new leader's take-over
-RECOVERY_KINDS = ("recovered", "group_restored", "trainer_recovered", "adopted", "commit_recovered")
-ROLLOUT_FAULTS = ("rollout_fault", "rollout_hang")
 
 
 def is_fault(ev: dict[str, Any]) -> bool:
-    # a trainer restart is also how the trainer group is resized: the event says which (`resize`);
-    # events written before that field read the message, as they always did
-    if ev.get("kind") == "trainer_restart":
-        if "resize" in ev:
-            return not ev["resize"]
-        return not str(ev.get("message", "")).startswith("world size")
+    """A fault, by its kind; a trainer restart is also how the trainer group is resized,
+    and its ``resize`` field says which (the message is never read)."""
+    if ev.get("kind") == Kind.TRAINER_RESTART:
+        return not ev.get("resize", False)
     return ev.get("kind") in FAULT_KINDS
 
 

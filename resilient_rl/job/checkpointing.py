@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints.snapshots import SnapshotCorrupt, collect_garbage, list_snapshots, retained, snapshot_dir, verify
+from controller.events import Kind
 
 from ..errors import worker_cause
 from .context import JobContext
@@ -53,7 +54,7 @@ class SnapshotFlow:
             started = A.get([A.call(t, "snapshot", str(self.root), self.ctx.token) for t in self.group.ranks],
                             timeout=self.deadline_s())  # fmt: skip
         except Exception as e:  # a rank died or hangs while staging: no snapshot; the step loop sees it next
-            self.ctx.event("snapshot_failed", f"snapshot at step {step} failed while staging: "
+            self.ctx.event(Kind.SNAPSHOT_FAILED, f"snapshot at step {step} failed while staging: "
                            f"{type(worker_cause(e)).__name__}", step=step)  # fmt: skip
             return
         self.blocking_s = max(x["blocking_s"] for x in started)
@@ -86,12 +87,12 @@ class SnapshotFlow:
         except Exception as e:  # a rank died or the manifest write failed: this snapshot never commits
             errors = [f"{type(worker_cause(e)).__name__}: {str(worker_cause(e))[:300]}"]
         if errors:
-            self.ctx.event("snapshot_failed", f"snapshot at step {step} failed: {errors[0]}", step=step)
+            self.ctx.event(Kind.SNAPSHOT_FAILED, f"snapshot at step {step} failed: {errors[0]}", step=step)
             self._collect()
             return
         info.update(blocking_s=round(self.blocking_s, 4), seconds=round(max(x["total_s"] for x in results), 3))
         self.ctx.record_checkpoint(step, info)
-        self.ctx.event("snapshot", f"snapshot at step {step} committed ({info['bytes']} bytes)", step=step)
+        self.ctx.event(Kind.SNAPSHOT, f"snapshot at step {step} committed ({info['bytes']} bytes)", step=step)
         self._collect()
 
     def _collect(self) -> None:
@@ -126,11 +127,11 @@ def close_inflight(ctx: JobContext) -> list[int]:
         try:
             m = verify(path)
         except SnapshotCorrupt as e:
-            ctx.event("snapshot_failed", f"snapshot at step {step} was left unfinished by the "
+            ctx.event(Kind.SNAPSHOT_FAILED, f"snapshot at step {step} was left unfinished by the "
                            f"previous leader ({e}): collected", step=step, cause="take_over")  # fmt: skip
             continue
         ctx.record_checkpoint(step, {"step": step, "uri": str(m.path), "digest": m.digest, "bytes": m.bytes})
-        ctx.event("snapshot", f"snapshot at step {step} committed ({m.bytes} bytes): complete "
+        ctx.event(Kind.SNAPSHOT, f"snapshot at step {step} committed ({m.bytes} bytes): complete "
                        "and verified, its record lost with the previous leader", step=step, cause="take_over")  # fmt: skip
         done.append(step)
     _retain(ctx)
@@ -152,11 +153,11 @@ def choose_restore(ctx: JobContext, at_step: int) -> tuple[str | None, int]:
         try:
             m = verify(path)
         except SnapshotCorrupt as e:
-            ctx.event("snapshot_corrupt", f"snapshot at step {rec['step']} does not verify: {e}; "
+            ctx.event(Kind.SNAPSHOT_CORRUPT, f"snapshot at step {rec['step']} does not verify: {e}; "
                            "falling back to the one before", step=rec["step"])  # fmt: skip
             continue
         if rec.get("digest") and m.digest != rec["digest"]:
-            ctx.event("snapshot_corrupt", f"snapshot at step {rec['step']}: manifest digest "
+            ctx.event(Kind.SNAPSHOT_CORRUPT, f"snapshot at step {rec['step']}: manifest digest "
                            "differs from the etcd record; falling back", step=rec["step"])  # fmt: skip
             continue
         log.info("job %s: restoring snapshot %s (verified in %.2fs)", ctx.job, path, time.monotonic() - t0)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from controller.election import NotLeader
+from controller.events import Kind
 
 from ..naming import actor_name
 from ..spec import JobSpec
@@ -32,7 +33,7 @@ class JobRecords(Protocol):
     @property
     def token(self) -> int: ...
 
-    def event(self, job: str, kind: str, message: str, **data: Any) -> None: ...
+    def event(self, job: str, kind: Kind, message: str, **data: Any) -> None: ...
 
     def read_state(self, job: str) -> dict[str, Any]: ...
 
@@ -76,7 +77,7 @@ class JobContext:
 
     # -- the record (fenced writes, all through write_lock) ----------------------
 
-    def event(self, kind: str, message: str, **data: Any) -> None:
+    def event(self, kind: Kind, message: str, **data: Any) -> None:
         with self.write_lock:
             self._writing(f"event {kind}")
             self.records.event(self.job, kind, message, **data)

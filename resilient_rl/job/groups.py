@@ -22,6 +22,8 @@ import time
 from collections import deque
 from typing import Any
 
+from controller.events import Kind
+
 from ..errors import JobFailed, describe_error, is_stale
 from .actors import Placement, actor_died, create_fresh
 from .context import JobContext
@@ -108,7 +110,7 @@ class RolloutGroup:
         if was_running:
             for i in missing:
                 self.fault_at[i] = time.monotonic()
-                self.ctx.event("rollout_fault", f"rollout worker {i} was gone at take-over: "
+                self.ctx.event(Kind.ROLLOUT_FAULT, f"rollout worker {i} was gone at take-over: "
                                "starting a replacement", worker=i, group="rollout", cause="take_over")  # fmt: skip
         limit = self.join_limit()
         for ref, (i, sent) in list(self.joining.items()):
@@ -159,11 +161,11 @@ class RolloutGroup:
         t = self.fault_at.pop(i, None)
         if t is not None:
             data["recovery_s"] = round(time.monotonic() - t, 2)
-        self.ctx.event("rollout_joined", f"rollout worker {i} joined at policy v{version}"
+        self.ctx.event(Kind.ROLLOUT_JOINED, f"rollout worker {i} joined at policy v{version}"
                        + (f", {data['recovery_s']}s after its fault" if t is not None else ""), **data)  # fmt: skip
         joining = {j for j, _ in self.joining.values()}
         if t is not None and len(set(self.workers) - joining) >= self.ctx.want("rollout"):
-            self.ctx.event("group_restored", f"rollout group back at {self.ctx.want('rollout')} workers "
+            self.ctx.event(Kind.GROUP_RESTORED, f"rollout group back at {self.ctx.want('rollout')} workers "
                            f"{data['recovery_s']}s after the fault", group="rollout", seconds=data["recovery_s"])  # fmt: skip
 
     def overdue_joins(self) -> list[int]:
@@ -185,7 +187,7 @@ class RolloutGroup:
         self.fault_at.setdefault(i, time.monotonic())
         self.budget.spend()
         backoff = min(10.0, 0.5 * 2 ** max(0, len(self.budget.times) - 1)) if delay else 0.0
-        self.ctx.event("rollout_fault", f"rollout worker {i} lost: {describe_error(err)}; "
+        self.ctx.event(Kind.ROLLOUT_FAULT, f"rollout worker {i} lost: {describe_error(err)}; "
                        f"replacing it in {backoff:.1f}s", worker=i, backoff_s=backoff)  # fmt: skip
         self.waiting[i] = time.monotonic() + backoff
 
@@ -204,7 +206,7 @@ class RolloutGroup:
         self.tick(version, weights)
         for i in range(want):
             if i not in self.workers and i not in self.waiting:
-                self.ctx.event("scale", f"rollout: adding worker {i} (desired {want})", worker=i)
+                self.ctx.event(Kind.SCALE, f"rollout: adding worker {i} (desired {want})", worker=i)
                 self.add(i, version, weights)
         for i in sorted(self.workers):
             if i >= want and i in self.idle:
@@ -215,7 +217,7 @@ class RolloutGroup:
                 except Exception as e:  # already gone: nothing to drain
                     log.info("shutdown of drained worker %d: %s", i, e)
                 A.kill(w)
-                self.ctx.event("scale", f"rollout: worker {i} drained and stopped (desired {want})",
+                self.ctx.event(Kind.SCALE, f"rollout: worker {i} drained and stopped (desired {want})",
                                worker=i)  # fmt: skip
 
 
@@ -261,7 +263,7 @@ class TrainerGroup:
         if k == 0:
             return None
         if s < k:
-            self.ctx.event("replay", f"replaying steps {s}..{k - 1} from the journal", first=s, last=k - 1)
+            self.ctx.event(Kind.REPLAY, f"replaying steps {s}..{k - 1} from the journal", first=s, last=k - 1)
         out = None
         for j in range(s, k):
             self.ctx.check_leader()
@@ -327,7 +329,7 @@ class TrainerGroup:
             except Exception as e:
                 if not actor_died(e):
                     raise
-                self.ctx.event("trainer_restart", f"a trainer rank died while starting "
+                self.ctx.event(Kind.TRAINER_RESTART, f"a trainer rank died while starting "
                                f"({describe_error(e)}): starting the group again", world=world)  # fmt: skip
                 self.budget.spend()
 
@@ -336,11 +338,11 @@ class TrainerGroup:
         ``k``. Returns the weights of version k (as :meth:`start`)."""
         self.ctx.check_leader()
         t0 = time.monotonic()
-        self.ctx.event("trainer_restart", f"{why}: restarting {world} trainer ranks at step {k}",
+        self.ctx.event(Kind.TRAINER_RESTART, f"{why}: restarting {world} trainer ranks at step {k}",
                        world=world, group="trainer", cause=cause, resize=resize)  # fmt: skip
         self.budget.spend()
         weights = self.start_retrying(k, world)
-        self.ctx.event("trainer_recovered", f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",
+        self.ctx.event(Kind.TRAINER_RECOVERED, f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",
                        seconds=round(time.monotonic() - t0, 2), world=world, group="trainer", resize=resize)  # fmt: skip
         return weights
 

@@ -24,6 +24,7 @@ import threading
 from typing import Any
 
 from controller import jobs
+from controller.events import Kind
 
 from ..naming import NAMESPACE
 from .actors import connect_ray
@@ -93,7 +94,7 @@ class WorkerReaper:
                 for name in stop:
                     by_job[name.split(":")[1]] = by_job.get(name.split(":")[1], 0) + 1
                 for job, n in by_job.items():
-                    controller.event(job, "workers_reaped", f"stopped {n} worker actor(s) the job's runner had "
+                    controller.event(job, Kind.WORKERS_REAPED, f"stopped {n} worker actor(s) the job's runner had "
                                      "left running after it ended", count=n)  # fmt: skip
         except Exception as e:  # the next pass tries again
             log.warning("worker reconciliation failed: %s", e)

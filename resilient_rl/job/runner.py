@@ -32,6 +32,7 @@ from typing import Any
 
 from checkpoints.journal import Journal, JournalFull, ShardRef, free_mb
 from controller.election import NotLeader
+from controller.events import Kind
 from controller.jobs import TERMINAL, JobRecord
 from controller.store import EtcdError
 
@@ -148,7 +149,7 @@ class JobRunner:
         was_running = state.get("phase") == "RUNNING"  # its workers existed: missing ones were lost
         self.reward_errors = int(state.get("reward_errors") or 0)  # this runner is the one writer from here
         self.ctx.update_state(expect=live, phase="RUNNING", started_at=state.get("started_at") or time.time())
-        self.ctx.event("running", f"{'resuming at step ' + str(k) if k else 'starting'}: "
+        self.ctx.event(Kind.RUNNING, f"{'resuming at step ' + str(k) if k else 'starting'}: "
                      f"{self._want('rollout')} rollout / {self._want('trainer')} trainer workers")  # fmt: skip
         self._ray_init()
         self._task_len = self._task_size(state)
@@ -196,14 +197,14 @@ class JobRunner:
                 if shards is None or last is None:
                     raise JobFailed(f"trainer ranks trained step {k} but its journal batch is incomplete")
                 self._commit(k, last, shards, float(last.get("seconds") or 0.0))
-                self.ctx.event("commit_recovered", f"step {k} was trained but not committed by the "
+                self.ctx.event(Kind.COMMIT_RECOVERED, f"step {k} was trained but not committed by the "
                              "previous leader: committed now", step=k)  # fmt: skip
                 k += 1
             self.version = k
         close_inflight(self.ctx)  # no rank writes a snapshot now (adopted ones waited theirs out)
         adopted = self.rollouts.start(self._want("rollout"), self.version, self.weights, was_running)
         if got is not None or adopted:
-            self.ctx.event("adopted", f"took over {self.trainers.world if got else 0} running trainer ranks "
+            self.ctx.event(Kind.ADOPTED, f"took over {self.trainers.world if got else 0} running trainer ranks "
                          f"and {adopted} rollout workers at step {k} in {time.monotonic() - t0:.1f}s",
                          trainers=self.trainers.world if got else 0, rollouts=adopted, step=k,
                          seconds=round(time.monotonic() - t0, 2))  # fmt: skip
@@ -236,7 +237,7 @@ class JobRunner:
             if self.autoscaler is not None:
                 size = self.autoscaler.size
                 if self.autoscaler.observe(len(queue), len(rollouts.idle), time.monotonic()) != size:
-                    self.ctx.event("autoscale", f"rollout: {size} -> {self.autoscaler.size} workers "
+                    self.ctx.event(Kind.AUTOSCALE, f"rollout: {size} -> {self.autoscaler.size} workers "
                                  f"({len(queue)} shards queued, {len(rollouts.idle)} idle)",
                                  size=self.autoscaler.size)  # fmt: skip
             rollouts.resize(self._want("rollout"), self.version, self.weights)
@@ -366,7 +367,7 @@ class JobRunner:
                 return  # the step in flight commits first (a commit needs RUNNING)
             reason = f"{self.paused}"
             self.ctx.update_state(expect=live, phase="PAUSED", reason=reason)
-            self.ctx.event("paused", f"{reason}: paused; resumes by itself once there is room, or on "
+            self.ctx.event(Kind.PAUSED, f"{reason}: paused; resumes by itself once there is room, or on "
                          f"`rrl resume {self.job}`", path=self.paused.path, free_mb=round(self.paused.free_mb, 1),
                          cause="journal_full")  # fmt: skip
             self.paused_recorded, self._paused_at, self._space_checked = True, now, now
@@ -380,7 +381,7 @@ class JobRunner:
             return
         secs = round(now - self._paused_at, 1)
         self.ctx.update_state(expect=live, phase="RUNNING", reason=None)
-        self.ctx.event("resumed", f"{'resumed by `rrl resume`' if asked else 'journal disk has room again'}"
+        self.ctx.event(Kind.RESUMED, f"{'resumed by `rrl resume`' if asked else 'journal disk has room again'}"
                      f" ({free:.0f} MB free) after {secs}s paused", seconds=secs, free_mb=round(free, 1))  # fmt: skip
         self.paused, self.paused_recorded, self.resume_asked = None, False, False
 
@@ -394,13 +395,13 @@ class JobRunner:
                 continue
             del inflight[ref]
             queue.appendleft((step, shard, idx))
-            self.ctx.event("rollout_hang", f"rollout worker {w} made no progress on shard {step}/{shard} "
+            self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {w} made no progress on shard {step}/{shard} "
                          f"for {now - sent:.1f}s (limit {limit:g}s: fault.hang_timeout + reward timeouts)", worker=w,
                          detection_s=round(now - sent, 2))  # fmt: skip
             self._fault("rollout_hang")
             self.rollouts.fault(w, TimeoutError(f"hung for {now - sent:.0f}s"))
         for w in self.rollouts.overdue_joins():
-            self.ctx.event("rollout_hang", f"rollout worker {w} did not join within "
+            self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {w} did not join within "
                          f"{self.rollouts.join_limit():g}s", worker=w)  # fmt: skip
             self._fault("rollout_hang")
             self.rollouts.fault(w, TimeoutError("join timed out"))
@@ -431,7 +432,7 @@ class JobRunner:
         took = time.monotonic() - sent
         if took <= limit:
             return None
-        self.ctx.event("trainer_hang", f"a train step made no progress for {took:.1f}s (limit {limit:.1f}s): "
+        self.ctx.event(Kind.TRAINER_HANG, f"a train step made no progress for {took:.1f}s (limit {limit:.1f}s): "
                      "a trainer rank is frozen or deadlocked", detection_s=round(took, 2), group="trainer")  # fmt: skip
         return f"trainer step hung for {took:.0f}s"
 
@@ -441,7 +442,7 @@ class JobRunner:
         commit itself cleared ``open_faults`` in etcd."""
         now = time.time()
         for kind, t in self.faults:
-            self.ctx.event("recovered", f"step {step} committed {now - t:.1f}s after a {kind}",
+            self.ctx.event(Kind.RECOVERED, f"step {step} committed {now - t:.1f}s after a {kind}",
                          fault=kind, step=step, seconds=round(now - t, 2))  # fmt: skip
         self.faults.clear()
 
@@ -509,7 +510,7 @@ class JobRunner:
         example = next((x["reward_error"] for x in shards.values() if x.get("reward_error")), None)
         verdict = self.rewards.observe(k, errors, samples, example, time.monotonic(), min_steps=self.spec.steps)
         if verdict.event:
-            self.ctx.event("reward_errors", verdict.event, step=k, errors=errors, samples=samples)
+            self.ctx.event(Kind.REWARD_ERRORS, verdict.event, step=k, errors=errors, samples=samples)
         if verdict.fail:
             raise JobFailed(verdict.fail)
 
@@ -531,7 +532,7 @@ class JobRunner:
         size, quarantined = self.actors.get(self.actors.task(_task_facts, self.spec.to_json()), timeout=600)
         self.ctx.update_state(expect=live, task_size=size, task_quarantined=quarantined)
         if quarantined:
-            self.ctx.event("task_rows_quarantined", f"{quarantined} row(s) of the task's file were skipped "
+            self.ctx.event(Kind.TASK_ROWS_QUARANTINED, f"{quarantined} row(s) of the task's file were skipped "
                          "(see the rollout workers' log for each one)", count=quarantined)  # fmt: skip
         return int(size)
 
@@ -574,7 +575,7 @@ class JobRunner:
             return
         try:
             self.ctx.update_state(expect=live, phase=phase, reason=reason, finished_at=time.time())
-            self.ctx.event(phase.lower(), reason or f"job {phase.lower()}")
+            self.ctx.event(Kind(phase.lower()), reason or f"job {phase.lower()}")
         except NotLeader:
             log.warning("job %s: could not record %s, no longer leader", self.job, phase)
         if phase == "FAILED":

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.election import NotLeader
+from controller.events import Kind
 from resilient_rl.job.context import JobContext
 from resilient_rl.job.reward_guard import RewardErrorWindow
 from resilient_rl.job.runner import JobRunner
@@ -57,6 +58,7 @@ class FakeController:
 
     def event(self, job: str, kind: str, message: str, **data: Any) -> None:
         self._fenced(f"event {kind}")
+        Kind(kind)  # as EventLog.append: an unknown kind is an error
         with self.lock:
             self.events.append((kind, message, data))
 

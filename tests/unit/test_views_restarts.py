@@ -14,7 +14,26 @@ def test_restart_counts_from_events() -> None:
         {"kind": "trainer_restart", "resize": False, "cause": "take_over"},
         {"kind": "trainer_restart", "resize": False, "cause": "hang"},
         {"kind": "trainer_restart", "resize": True, "cause": "scale"},  # `rrl scale --trainer`
-        {"kind": "trainer_restart", "message": "world size 2 -> 1 requested: restarting"},  # an old event
+        # the message is never read: a resize says so in its field, whatever its text
+        {"kind": "trainer_restart", "resize": True, "message": "rank lost: restarting"},
     ]
     assert restarts(events) == {("rollout", "0"): 1, ("rollout", "1"): 1, ("trainer", "*"): 2}
     assert [is_fault(e) for e in events[3:]] == [True, True, False, False]
+
+
+def test_every_kind_the_driver_writes_is_a_declared_kind() -> None:
+    """The event kinds are one enum (controller/events.py): the log refuses any other, and
+    every kind named in the driver's code is one of them."""
+    import re
+
+    import pytest
+
+    from controller.events import Kind
+    from tests.conftest import REPO
+
+    with pytest.raises(ValueError):
+        Kind("rollout_fualt")
+    named = set()
+    for p in [*(REPO / "resilient_rl" / "job").glob("*.py"), REPO / "controller" / "service.py"]:
+        named |= set(re.findall(r"Kind\.([A-Z_]+)", p.read_text()))
+    assert len(named) >= 25 and named <= set(Kind.__members__)
