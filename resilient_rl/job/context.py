@@ -15,7 +15,9 @@ from typing import Any, Protocol
 
 from controller.election import NotLeader
 from controller.events import Kind
+from controller.jobs import TERMINAL
 
+from ..errors import JobFailed
 from ..naming import actor_name
 from ..spec import JobSpec
 from .actors import Actors
@@ -146,3 +148,19 @@ class JobContext:
                 "TOKENIZERS_PARALLELISM": "false",
             }
         }
+
+
+def live(cur: dict[str, Any]) -> None:
+    """``expect`` of the runner's phase writes: a job that reached a terminal phase (cancelled by the
+    reconcile loop while this thread was busy) is never moved out of it."""
+    if cur.get("phase") in TERMINAL:
+        raise NotLeader(f"job is {cur['phase']}: the runner does not write its state any more")
+
+
+def committable(cur: dict[str, Any], k: int) -> None:
+    """``expect`` of the commit of step ``k``: the job is RUNNING (not cancelled while the step
+    trained) and at step ``k`` (no step applied twice); raises otherwise."""
+    if cur.get("phase") != "RUNNING":
+        raise NotLeader(f"job is {cur.get('phase')}: step {k} is not committed")
+    if cur.get("step") != k:
+        raise JobFailed(f"refusing to commit step {k}: etcd says the job is at step {cur.get('step')}")

@@ -11,42 +11,25 @@ Both groups are detached named Ray actors (``rrl:{job}:{group}:{index}``).
   restore the newest snapshot that verifies, replay the journal up to k. The
   same path serves the first start, a rank fault and a world-size change.
 
-A restart budget (``fault.max_restarts`` per ``fault.restart_window`` seconds,
-per group) turns a crash loop into a FAILED job with a clear reason.
+Every replacement and restart is spent from the job's :class:`~resilient_rl.job.faults.FaultPolicy`
+(``fault.max_restarts`` per ``fault.restart_window`` seconds, per group, with the
+replacement backoff), which turns a crash loop into a FAILED job with a clear reason.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from typing import Any
 
 from controller.events import Kind
 
-from ..errors import JobFailed, describe_error, is_stale
+from ..errors import describe_error, is_stale
 from .actors import Placement, actor_died, create_fresh
 from .context import JobContext
+from .faults import FaultPolicy
 
 log = logging.getLogger(__name__)
-
-
-class RestartBudget:
-    def __init__(self, group: str, limit: int, window: float) -> None:
-        self.group, self.limit, self.window = group, limit, window
-        self.times: deque[float] = deque()
-
-    def spend(self) -> None:
-        """Record one restart; raise ``JobFailed`` when the budget is exhausted."""
-        now = time.monotonic()
-        self.times.append(now)
-        while self.times and now - self.times[0] > self.window:
-            self.times.popleft()
-        if len(self.times) > self.limit:
-            raise JobFailed(
-                f"{self.group} group restarted {len(self.times)} times within {self.window:.0f}s "
-                f"(fault.max_restarts = {self.limit}): giving up on a crash loop"
-            )
 
 
 class RolloutGroup:
@@ -58,17 +41,15 @@ class RolloutGroup:
     brings it to the current version. Either way it takes shards only afterwards.
     """
 
-    def __init__(self, ctx: JobContext, model_dir: str) -> None:
+    def __init__(self, ctx: JobContext, model_dir: str, faults: FaultPolicy) -> None:
         self.ctx = ctx
         self.actors = ctx.actors
+        self.faults = faults
         self.model_dir = model_dir
         self.workers: dict[int, Any] = {}
         self.idle: set[int] = set()
         self.joining: dict[Any, tuple[int, float]] = {}  # join ref -> (index, sent)
         self.waiting: dict[int, float] = {}  # index -> monotonic time its (backed-off) replacement may start
-        self.fault_at: dict[int, float] = {}  # index -> when its fault was detected (recovery timing)
-        f = ctx.spec.fault
-        self.budget = RestartBudget("rollout", f.max_restarts, f.restart_window)
 
     def _create(self, i: int) -> Any:
         r, c = self.ctx.spec.rollout, self.ctx
@@ -109,7 +90,7 @@ class RolloutGroup:
                 self.add(i, version, weights)
         if was_running:
             for i in missing:
-                self.fault_at[i] = time.monotonic()
+                self.faults.worker_down[i] = time.monotonic()
                 self.ctx.event(Kind.ROLLOUT_FAULT, f"rollout worker {i} was gone at take-over: "
                                "starting a replacement", worker=i, group="rollout", cause="take_over")  # fmt: skip
         limit = self.join_limit()
@@ -127,7 +108,7 @@ class RolloutGroup:
                 continue
             del self.joining[ref]
             self.idle.add(i)
-            if i in self.fault_at:
+            if i in self.faults.worker_down:
                 self._joined(i, version)
         return adopted
 
@@ -158,9 +139,9 @@ class RolloutGroup:
     def _joined(self, i: int, version: int) -> None:
         """Record that worker ``i`` joined (with its recovery time after a fault)."""
         data: dict[str, Any] = {"worker": i, "version": version}
-        t = self.fault_at.pop(i, None)
+        t = self.faults.worker_back(i)
         if t is not None:
-            data["recovery_s"] = round(time.monotonic() - t, 2)
+            data["recovery_s"] = t
         self.ctx.event(Kind.ROLLOUT_JOINED, f"rollout worker {i} joined at policy v{version}"
                        + (f", {data['recovery_s']}s after its fault" if t is not None else ""), **data)  # fmt: skip
         joining = {j for j, _ in self.joining.values()}
@@ -184,11 +165,10 @@ class RolloutGroup:
         old = self.workers.pop(i, None)
         if old is not None:
             self.actors.kill(old)
-        self.fault_at.setdefault(i, time.monotonic())
-        self.budget.spend()
-        backoff = min(10.0, 0.5 * 2 ** max(0, len(self.budget.times) - 1)) if delay else 0.0
+        self.faults.worker_down.setdefault(i, time.monotonic())
+        backoff = self.faults.restart("rollout", backoff=delay)
         self.ctx.event(Kind.ROLLOUT_FAULT, f"rollout worker {i} lost: {describe_error(err)}; "
-                       f"replacing it in {backoff:.1f}s", worker=i, backoff_s=backoff)  # fmt: skip
+                       f"replacing it in {backoff:.1f}s", worker=i, group="rollout", backoff_s=backoff)  # fmt: skip
         self.waiting[i] = time.monotonic() + backoff
 
     def tick(self, version: int, weights: Any) -> None:
@@ -224,13 +204,12 @@ class RolloutGroup:
 class TrainerGroup:
     """All ranks of the trainer, started, restored and replayed together."""
 
-    def __init__(self, ctx: JobContext, model_dir: str) -> None:
+    def __init__(self, ctx: JobContext, model_dir: str, faults: FaultPolicy) -> None:
         self.ctx = ctx
         self.actors = ctx.actors
+        self.faults = faults
         self.model_dir = model_dir
         self.ranks: list[Any] = []
-        f = ctx.spec.fault
-        self.budget = RestartBudget("trainer", f.max_restarts, f.restart_window)
 
     @property
     def world(self) -> int:
@@ -331,7 +310,7 @@ class TrainerGroup:
                     raise
                 self.ctx.event(Kind.TRAINER_RESTART, f"a trainer rank died while starting "
                                f"({describe_error(e)}): starting the group again", world=world)  # fmt: skip
-                self.budget.spend()
+                self.faults.restart("trainer", backoff=False)
 
     def restart(self, k: int, world: int, why: str, *, cause: str = "fault", resize: bool = False) -> Any:
         """A rank died (or the world size changes, ``resize``): restart the whole group at step
@@ -340,7 +319,7 @@ class TrainerGroup:
         t0 = time.monotonic()
         self.ctx.event(Kind.TRAINER_RESTART, f"{why}: restarting {world} trainer ranks at step {k}",
                        world=world, group="trainer", cause=cause, resize=resize)  # fmt: skip
-        self.budget.spend()
+        self.faults.restart("trainer", backoff=False)
         weights = self.start_retrying(k, world)
         self.ctx.event(Kind.TRAINER_RECOVERED, f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",
                        seconds=round(time.monotonic() - t0, 2), world=world, group="trainer", resize=resize)  # fmt: skip

@@ -26,30 +26,41 @@ import json
 import logging
 import threading
 import time
-from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checkpoints.journal import Journal, JournalFull, ShardRef, free_mb
+from checkpoints.journal import Journal, JournalFull, free_mb
 from controller.election import NotLeader
 from controller.events import Kind
-from controller.jobs import TERMINAL, JobRecord
+from controller.jobs import JobRecord
 from controller.store import EtcdError
 
-from ..algo.sampler import prompt_indices
-from ..errors import JobFailed, describe_error, is_stale, worker_cause
+from ..errors import JobFailed, describe_error, is_stale
 from ..naming import MODEL_MARKER, actor_name, job_workdir
 from ..spec import JobSpec
 from .actors import Actors, RayActors, actor_died, connect_ray
 from .autoscale import Autoscaler
 from .checkpointing import SnapshotFlow, close_inflight
-from .context import JobContext, JobRecords
+from .committer import StepCommitter
+from .context import JobContext, JobRecords, committable, live  # noqa: F401  (committable: re-exported)
+from .faults import FaultPolicy, classify
 from .groups import RolloutGroup, TrainerGroup
-from .reward_guard import RewardErrorWindow
+from .scheduler import ShardScheduler
 
 log = logging.getLogger(__name__)
 
 _RUNNER_SEQ = itertools.count(1)
+_RESTARTED = object()  # a train step's outcome: the trainer group was restarted at the same step
+
+
+@dataclass
+class Training:
+    """A train step in flight: its step, the ranks' call references, when it was sent."""
+
+    step: int
+    refs: list[Any]
+    sent: float  # monotonic (moved on by time this process did not run)
 
 
 class JobRunner:
@@ -71,27 +82,21 @@ class JobRunner:
         # sequence, so a runner started later by the *same* leader (after a lease flicker) also fences
         # out the one before it
         self.token = int(controller.token) * 1_000_000 + next(_RUNNER_SEQ)
-        # (kind, wall-clock time detected) awaiting the next committed step; kept in the job's state
-        # too (open_faults), so a leader that dies before that step still gets its faults' recovery
-        # recorded by the next one
-        self.faults: list[tuple[str, float]] = []
         r = self.spec.rollout
         lo, hi = r.min_replicas or r.replicas, r.max_replicas or r.replicas
         self.autoscaler = Autoscaler(lo, hi, self._want("rollout")) if lo < hi else None
-        t = self.spec.task
-        scorer = f"reward function {t.reward_fn}" if t.reward == "function" else f"task.reward {t.reward}"
-        self.rewards = RewardErrorWindow(scorer, t.max_reward_error_rate, t.reward_error_window)
         self.paused: JournalFull | None = None  # the journal's disk is full (see _pause)
         self.paused_recorded = self.resume_asked = False
         self._paused_at = self._space_checked = 0.0
-        self.shard_mb = 0.0  # the largest shard file so far (how much room a resume needs)
-        self.unjournaled: set[int] = set()  # steps whose shards are all in, batch manifest not written
         self.slowest_train_s = 0.0  # the slowest train step this runner saw (the hang limit's scale)
         self._stop = threading.Event()
         self.actors: Actors = actors if actors is not None else RayActors()
         self._connected = False  # to Ray: nothing to kill before
+        # everything the driver's parts read, made before the thread starts
         self.ctx = JobContext(self.job, self.spec, self.token, self.workdir, etcd, controller, self.actors,
                               want=self._want, stopped=self._stop)  # fmt: skip
+        self.faults = FaultPolicy(self.ctx)
+        self.committer = StepCommitter(self.ctx)
         self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
         self._thread.start()
 
@@ -144,15 +149,15 @@ class JobRunner:
         A = self.actors
         state = self.ctx.read_state()
         k = int(state.get("step", 0))
-        # faults a previous leader detected that no commit has followed yet
-        self.faults = [(str(kind), float(t)) for kind, t in state.get("open_faults") or []]
+        self.faults.load(state)  # faults a previous leader detected that no commit has followed yet
         was_running = state.get("phase") == "RUNNING"  # its workers existed: missing ones were lost
-        self.reward_errors = int(state.get("reward_errors") or 0)  # this runner is the one writer from here
+        self.committer.reward_errors = int(state.get("reward_errors") or 0)  # the one writer from here
         self.ctx.update_state(expect=live, phase="RUNNING", started_at=state.get("started_at") or time.time())
         self.ctx.event(Kind.RUNNING, f"{'resuming at step ' + str(k) if k else 'starting'}: "
                      f"{self._want('rollout')} rollout / {self._want('trainer')} trainer workers")  # fmt: skip
         self._ray_init()
-        self._task_len = self._task_size(state)
+        self.shards = ShardScheduler(self.ctx, self.journal, self.faults, self._task_size(state),
+                                     pause=self._pause, paused=lambda: self.paused is not None)  # fmt: skip
         model_dir = self._ensure_model()
         k = self._take_over(k, model_dir, was_running)
         snaps = self._loop(SnapshotFlow(self.ctx, self.trainers), k)
@@ -176,11 +181,11 @@ class JobRunner:
         worker).
         """
         t0 = time.monotonic()
-        self.trainers = TrainerGroup(self.ctx, model_dir)
-        self.rollouts = RolloutGroup(self.ctx, model_dir)
+        self.trainers = TrainerGroup(self.ctx, model_dir, self.faults)
+        self.rollouts = RolloutGroup(self.ctx, model_dir, self.faults)
         got = self.trainers.adopt(k, self._want("trainer"))
         if got is None and was_running:  # ranks lost or stuck while no leader watched: a fault too
-            self._fault("trainer_fault")
+            self.faults.detected(classify("trainer", cause="take_over"))
             self.version, self.weights = (
                 k,
                 self.trainers.restart(
@@ -193,10 +198,10 @@ class JobRunner:
         else:
             s, last, self.weights = got
             if s == k + 1:  # trained before the previous leader could commit: commit it once, now
-                shards = self._journaled(k)
+                shards = self.shards.journaled(k)
                 if shards is None or last is None:
                     raise JobFailed(f"trainer ranks trained step {k} but its journal batch is incomplete")
-                self._commit(k, last, shards, float(last.get("seconds") or 0.0))
+                self.committer.commit(k, last, shards, float(last.get("seconds") or 0.0))
                 self.ctx.event(Kind.COMMIT_RECOVERED, f"step {k} was trained but not committed by the "
                              "previous leader: committed now", step=k)  # fmt: skip
                 k += 1
@@ -210,143 +215,112 @@ class JobRunner:
                          seconds=round(time.monotonic() - t0, 2))  # fmt: skip
         return k
 
-    def check_leader(self) -> None:
-        self.ctx.check_leader()
-
     def _loop(self, snaps: SnapshotFlow, k: int) -> SnapshotFlow:
-        A = self.actors
-        spec, s, rollouts = self.spec, self.spec.async_.max_staleness, self.rollouts
-        planned = k - 1
-        queue: deque[tuple[int, int, list[int]]] = deque()
-        inflight: dict[Any, tuple[int, int, list[int], int, float]] = {}  # ref -> (step, shard, prompts, worker, sent)
-        done: dict[int, dict[int, dict[str, Any]]] = {}
-        train_refs: list[Any] = []
-        t_step = t_train = last_iter = time.monotonic()
-        while k < spec.steps and not self._stop.is_set():
-            self.check_leader()
-            gap, last_iter = time.monotonic() - last_iter, time.monotonic()
-            if gap > 5.0:  # this process was stopped or starved: no worker's clock ran against it
-                t_train += gap
-            while planned + 1 < spec.steps and planned + 1 <= self.version + s:
-                planned += 1
-                journaled = self._journaled(planned)  # complete before a restart: reuse, never regenerate
-                if journaled is not None:
-                    done[planned] = journaled
-                else:
-                    queue.extend((planned, i, idx) for i, idx in enumerate(self._shards(planned)))
-            if self.autoscaler is not None:
-                size = self.autoscaler.size
-                if self.autoscaler.observe(len(queue), len(rollouts.idle), time.monotonic()) != size:
-                    self.ctx.event(Kind.AUTOSCALE, f"rollout: {size} -> {self.autoscaler.size} workers "
-                                 f"({len(queue)} shards queued, {len(rollouts.idle)} idle)",
-                                 size=self.autoscaler.size)  # fmt: skip
-            rollouts.resize(self._want("rollout"), self.version, self.weights)
-            self._pause_tick(busy=bool(train_refs))
-            while queue and rollouts.idle and self.paused is None:
-                w = min(rollouts.idle)
-                rollouts.idle.discard(w)
-                step, shard, idx = queue.popleft()
-                ref = A.call(rollouts.workers[w], "generate_shard", step, shard, idx, self.token)
-                inflight[ref] = (step, shard, idx, w, time.monotonic())
-            self._retry_batches(done)
-            if (not train_refs and k in done and len(done[k]) == self._num_shards() and k not in self.unjournaled
-                    and self.paused is None):  # fmt: skip
-                self._check_staleness(k, done[k])
-                train_refs = [A.call(t, "train_step", k, True, self.token) for t in self.trainers.ranks]
-                t_train = time.monotonic()
-            watched = [*inflight, *train_refs, *snaps.waits, *rollouts.refs()]
-            if watched:  # block until something happened, then take *everything* ready (no starvation)
-                A.wait(watched, num_returns=1, timeout=1.0)
-                ready = A.wait(watched, num_returns=len(watched), timeout=0)[0]
-            else:
-                time.sleep(0.2)
-                ready = []
+        """The step loop: plan, dispatch, wait, take in what is ready, commit."""
+        shards, rollouts = self.shards, self.rollouts
+        shards.start_at(k)
+        train: Training | None = None
+        t_step = time.monotonic()
+        while k < self.spec.steps and not self._stop.is_set():
+            self.ctx.check_leader()
+            self._housekeep(train, len(shards.queue))
+            shards.plan(self.version)
+            shards.dispatch(rollouts)
+            shards.write_batches()
+            if train is None and self.paused is None and (batch := shards.batch(k)) is not None:
+                train = self._train(k, batch)
+            ready = self._wait([*shards.refs(), *(train.refs if train else []), *snaps.waits, *rollouts.refs()])
             snaps.poll()
             for ref in ready:
                 rollouts.on_ready(ref)
-            finished, unfinished = A.wait(train_refs, num_returns=len(train_refs), timeout=0)
-            lost = _actor_error(A, finished)
-            hung = self._trainer_hung(t_train) if train_refs and lost is None and unfinished else None
-            if lost is not None or hung is not None:  # a rank died or hangs (its peers wait in a collective)
-                train_refs = []
-                self._fault("trainer_fault" if lost is not None else "trainer_hang")
-                why = f"trainer rank lost ({type(lost).__name__})" if lost is not None else hung
-                w = self.trainers.restart(k, self.trainers.world, str(why), cause="lost" if lost else "hang")
-                self.weights = w if w is not None else self.weights  # re-published: the old owner may be gone
-                snaps = SnapshotFlow(self.ctx, self.trainers)
-                continue
-            if train_refs and not unfinished:
-                try:
-                    results = A.get(train_refs, timeout=0)  # StepRejected and other errors fail the job
-                except Exception as e:
-                    if is_stale(e):
-                        raise self.ctx.not_leader(e) from None
-                    raise
-                train_refs = []
-                self.slowest_train_s = max(self.slowest_train_s, time.monotonic() - t_train)
-                metrics = self._commit(k, results[0], done.pop(k), time.monotonic() - t_step)
-                k += 1
-                self.version, self.weights = k, results[0]["weights"]
-                for wk in rollouts.workers.values():  # in order: every later shard uses >= this version
-                    A.call(wk, "load_weights", k, self.weights)
-                snaps.maybe_start(k)
-                if self._want("trainer") != self.trainers.world and k < spec.steps:
-                    snaps.poll(block=True)
-                    w = self.trainers.restart(k, self._want("trainer"), f"world size {self.trainers.world} -> "
-                                              f"{self._want('trainer')} requested", cause="scale",
-                                              resize=True)  # fmt: skip
-                    self.weights = w if w is not None else self.weights
-                    snaps = SnapshotFlow(self.ctx, self.trainers)
-                t_step = time.monotonic()
-                self._note_recoveries(k - 1)
-                log.info("job %s step %d committed: reward %.3f", self.job, k - 1, metrics["reward"])
-            self._watchdog(inflight, queue)
-            for ref in [r for r in ready if r in inflight]:
-                step, shard, idx, w, _ = inflight.pop(ref)
-                try:
-                    result = A.get(ref, timeout=0)
-                except Exception as e:
-                    if actor_died(e):  # the worker died: its shard goes back to the queue
-                        queue.appendleft((step, shard, idx))
-                        self._fault("rollout_fault")
-                        rollouts.fault(w, e)
-                        continue
-                    if is_stale(e):
-                        raise self.ctx.not_leader(e) from None
-                    full = worker_cause(e)
-                    if not isinstance(full, JournalFull):
-                        raise
-                    queue.appendleft((step, shard, idx))  # generated again once there is space
-                    if w in rollouts.workers:
-                        rollouts.idle.add(w)
-                    self._pause(full)
+            if train is not None:
+                done = self._train_outcome(train)
+                if done is _RESTARTED:
+                    train, snaps = None, SnapshotFlow(self.ctx, self.trainers)
                     continue
-                if w in rollouts.workers:
-                    rollouts.idle.add(w)
-                self.shard_mb = max(self.shard_mb, float(result.get("bytes") or 0) / 1e6)
-                done.setdefault(step, {})[shard] = result
-                if len(done[step]) == self._num_shards():
-                    self.unjournaled.add(step)
-                    self._retry_batches(done)
+                if done is not None:
+                    snaps = self._committed(train, done, time.monotonic() - t_step, snaps)
+                    k, train, t_step = k + 1, None, time.monotonic()
+            shards.watchdog(rollouts)
+            shards.collect(ready, rollouts)
         return snaps
 
-    # -- a full journal disk: pause, resume -------------------------------------
+    def _housekeep(self, train: Training | None, queued: int) -> None:
+        """Once per pass: credit time this process did not run, the autoscaler, group sizes, the pause."""
+        now = time.monotonic()
+        gap, self._last_pass = now - getattr(self, "_last_pass", now), now
+        if gap > 5.0 and train is not None:  # this process was stopped or starved: no worker's clock ran
+            train.sent += gap
+        rollouts = self.rollouts
+        if self.autoscaler is not None:
+            size = self.autoscaler.size
+            if self.autoscaler.observe(queued, len(rollouts.idle), now) != size:
+                self.ctx.event(Kind.AUTOSCALE, f"rollout: {size} -> {self.autoscaler.size} workers "
+                               f"({queued} shards queued, {len(rollouts.idle)} idle)",
+                               size=self.autoscaler.size)  # fmt: skip
+        rollouts.resize(self._want("rollout"), self.version, self.weights)
+        self._pause_tick(busy=train is not None)
 
-    def _retry_batches(self, done: dict[int, dict[int, dict[str, Any]]]) -> None:
-        """Write the manifest of every batch whose shards are all in but whose manifest is not
-        (new, or refused by a full disk); a step trains only once its batch is journaled."""
-        for step in sorted(self.unjournaled):
-            if self.paused is not None:
-                return
-            refs = [ShardRef(**done[step][i]["ref"]) for i in range(self._num_shards())]
-            self.ctx.check_leader()
-            try:
-                if not self.journal.commit_batch(step, refs):  # a previous leader completed it first
-                    done[step] = self._journaled(step) or done[step]
-            except JournalFull as e:
-                self._pause(e)
-                return
-            self.unjournaled.discard(step)
+    def _train(self, k: int, batch: dict[int, dict[str, Any]]) -> Training:
+        self.committer.check_staleness(k, batch)
+        A = self.actors
+        return Training(k, [A.call(t, "train_step", k, True, self.token) for t in self.trainers.ranks],
+                        time.monotonic())  # fmt: skip
+
+    def _wait(self, watched: list[Any]) -> list[Any]:
+        """Block until something happened (at most 1 s), then take *everything* ready (no starvation)."""
+        if not watched:
+            time.sleep(0.2)
+            return []
+        self.actors.wait(watched, num_returns=1, timeout=1.0)
+        return self.actors.wait(watched, num_returns=len(watched), timeout=0)[0]
+
+    def _train_outcome(self, train: Training) -> list[dict[str, Any]] | object | None:
+        """The ranks' results once all are in; ``_RESTARTED`` if a rank died or hangs (the group
+        was restarted at the same step); None while the step runs."""
+        A = self.actors
+        finished, unfinished = A.wait(train.refs, num_returns=len(train.refs), timeout=0)
+        lost = _actor_error(A, finished)
+        hung = self._trainer_hung(train.sent) if lost is None and unfinished else None
+        if lost is not None or hung is not None:  # a rank died or hangs (its peers wait in a collective)
+            self.faults.detected(classify("trainer", error=lost, hung=hung is not None))
+            why = f"trainer rank lost ({type(lost).__name__})" if lost is not None else hung
+            w = self.trainers.restart(train.step, self.trainers.world, str(why), cause="lost" if lost else "hang")
+            self.weights = w if w is not None else self.weights  # re-published: the old owner may be gone
+            return _RESTARTED
+        if unfinished:
+            return None
+        try:
+            results: list[dict[str, Any]] = A.get(train.refs, timeout=0)  # StepRejected etc. fail the job
+        except Exception as e:
+            if is_stale(e):
+                raise self.ctx.not_leader(e) from None
+            raise
+        self.slowest_train_s = max(self.slowest_train_s, time.monotonic() - train.sent)
+        return results
+
+    def _committed(self, train: Training, results: Any, secs: float, snaps: SnapshotFlow) -> SnapshotFlow:
+        """Step ``train.step`` trained: commit it, hand the weights on, snapshot, resize the trainer."""
+        k = train.step
+        metrics = self.committer.commit(k, results[0], self.shards.take(k), secs)
+        self.version, self.weights = k + 1, results[0]["weights"]
+        self.committer.hand_off(self.version, self.weights, self.rollouts)
+        snaps.maybe_start(k + 1)
+        want = self._want("trainer")
+        if want != self.trainers.world and k + 1 < self.spec.steps:
+            snaps.poll(block=True)
+            w = self.trainers.restart(k + 1, want, f"world size {self.trainers.world} -> {want} requested",
+                                      cause="scale", resize=True)  # fmt: skip
+            self.weights = w if w is not None else self.weights
+            snaps = SnapshotFlow(self.ctx, self.trainers)
+        self.faults.committed(k)
+        log.info("job %s step %d committed: reward %.3f", self.job, k, metrics["reward"])
+        return snaps
+
+    def _commit(self, k: int, r0: dict[str, Any], shards: dict[int, dict[str, Any]], secs: float) -> dict[str, Any]:
+        return self.committer.commit(k, r0, shards, secs)
+
+    # -- a full journal disk: pause, resume -------------------------------------
 
     def _pause(self, full: JournalFull) -> None:
         """The journal's disk is full: dispatch nothing more; once no step trains the job is
@@ -377,50 +351,13 @@ class JobRunner:
             return
         self._space_checked = now
         free = free_mb(self.paused.path)
-        if not asked and free < max(8.0, 2 * self.shard_mb):
+        if not asked and free < max(8.0, 2 * self.shards.shard_mb):
             return
         secs = round(now - self._paused_at, 1)
         self.ctx.update_state(expect=live, phase="RUNNING", reason=None)
         self.ctx.event(Kind.RESUMED, f"{'resumed by `rrl resume`' if asked else 'journal disk has room again'}"
                      f" ({free:.0f} MB free) after {secs}s paused", seconds=secs, free_mb=round(free, 1))  # fmt: skip
         self.paused, self.paused_recorded, self.resume_asked = None, False, False
-
-    def _watchdog(self, inflight: dict[Any, tuple[int, int, list[int], int, float]], queue: deque[Any]) -> None:
-        """A worker with a shard in flight for longer than ``fault.hang_timeout`` is hung
-        (stopped, deadlocked, starved): kill and replace it, re-queue its shard."""
-        now = time.monotonic()
-        for ref, (step, shard, idx, w, sent) in list(inflight.items()):
-            limit = self._shard_limit(len(idx))
-            if now - sent <= limit:
-                continue
-            del inflight[ref]
-            queue.appendleft((step, shard, idx))
-            self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {w} made no progress on shard {step}/{shard} "
-                         f"for {now - sent:.1f}s (limit {limit:g}s: fault.hang_timeout + reward timeouts)", worker=w,
-                         detection_s=round(now - sent, 2))  # fmt: skip
-            self._fault("rollout_hang")
-            self.rollouts.fault(w, TimeoutError(f"hung for {now - sent:.0f}s"))
-        for w in self.rollouts.overdue_joins():
-            self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {w} did not join within "
-                         f"{self.rollouts.join_limit():g}s", worker=w)  # fmt: skip
-            self._fault("rollout_hang")
-            self.rollouts.fault(w, TimeoutError("join timed out"))
-
-    def _fault(self, kind: str) -> None:
-        """A fault was detected: remember it (in etcd too) until the next committed step."""
-        self.faults.append((kind, time.time()))
-        self.ctx.update_state(expect=live, open_faults=[list(f) for f in self.faults])
-
-    def _shard_limit(self, prompts: int) -> float:
-        """``fault.hang_timeout`` for a shard of ``prompts`` prompts, plus the longest its user reward
-        calls may take by design (each has ``task.reward_timeout_s``, ``reward_workers`` at a time):
-        a reward function timing out sample after sample is slow, not a hung worker."""
-        t = self.spec.task
-        extra = 0.0
-        if t.reward == "function":
-            calls = prompts * self.spec.rollout.sampling.n
-            extra = -(-calls // t.reward_workers) * t.reward_timeout_s
-        return self.spec.fault.hang_timeout + extra
 
     def _trainer_hung(self, sent: float) -> str | None:
         """A train step running far longer than any before (four times the slowest this runner
@@ -436,16 +373,6 @@ class JobRunner:
                      "a trainer rank is frozen or deadlocked", detection_s=round(took, 2), group="trainer")  # fmt: skip
         return f"trainer step hung for {took:.0f}s"
 
-    def _note_recoveries(self, step: int) -> None:
-        """Faults since the last commit are recovered from as far as the job goes: record
-        the time from each detection to this committed step (``rrl events`` shows it). The
-        commit itself cleared ``open_faults`` in etcd."""
-        now = time.time()
-        for kind, t in self.faults:
-            self.ctx.event(Kind.RECOVERED, f"step {step} committed {now - t:.1f}s after a {kind}",
-                         fault=kind, step=step, seconds=round(now - t, 2))  # fmt: skip
-        self.faults.clear()
-
     def _want(self, group: str) -> int:
         """Desired size of a group (``rrl scale`` writes it; the spec gives the start)."""
         if group == "rollout" and getattr(self, "autoscaler", None) is not None:
@@ -453,76 +380,7 @@ class JobRunner:
         default = self.spec.rollout.replicas if group == "rollout" else self.spec.trainer.replicas
         return int(self.desired.get(group) or default)
 
-    def _journaled(self, step: int) -> dict[int, dict[str, Any]] | None:
-        """Shard summaries of a batch already complete in the journal, else None."""
-        refs = self.journal.batch(step)
-        if refs is None or len(refs) != self._num_shards():
-            return None
-        out = {}
-        for r in refs:
-            body = self.journal.read_shard(r)
-            samples = body["samples"]
-            out[r.shard] = {
-                "ref": r.to_dict(),
-                "version": body["meta"]["version"],
-                "tokens": sum(len(x["token_ids"]) for x in samples),
-                "reward_errors": sum(x["reward_error"] is not None for x in samples),
-                "reward_error": next((x["reward_error"] for x in samples if x["reward_error"]), None),
-                "samples": len(samples),
-            }
-        return out
-
-    def _commit(self, k: int, r0: dict[str, Any], shards: dict[int, dict[str, Any]], secs: float) -> dict[str, Any]:
-        """Record step k's metrics line, then commit k in etcd (fenced; refuses a double apply)."""
-        tokens = sum(x["tokens"] for x in shards.values())
-        metrics = {
-            "step": k,
-            "reward": r0["reward_mean"],
-            "loss": r0["loss"],
-            "tokens": tokens,
-            "step_seconds": round(secs, 3),
-            "tokens_per_s": round(tokens / secs, 1) if secs > 0 else None,
-            "reward_errors": sum(x["reward_errors"] for x in shards.values()),
-            "versions": sorted({x["version"] for x in shards.values()}),
-        }
-        errors = metrics["reward_errors"]
-        self.check_leader()
-        # the line first: a leader killed between the two writes must not lose a committed step's
-        # line; a line without its commit is dropped by every reader (controller/steplog.py)
-        self.ctx.append_metrics({**metrics, "time": time.time()})
-        self.ctx.update_state(
-            expect=lambda cur: committable(cur, k),
-            step=k + 1,
-            policy_version=k + 1,
-            reward=metrics["reward"],
-            tokens_per_s=metrics["tokens_per_s"],
-            step_seconds=metrics["step_seconds"],
-            reward_errors=self.reward_errors + errors,
-            open_faults=[],  # recovered by this commit (the events follow, _note_recoveries)
-        )
-        self.reward_errors += errors
-        self._guard_rewards(k, errors, shards)
-        return metrics
-
-    def _guard_rewards(self, k: int, errors: int, shards: dict[int, dict[str, Any]]) -> None:
-        """Raise the (rate-limited) ``reward_errors`` event; fail the job past the error rate."""
-        samples = sum(int(x.get("samples") or 0) for x in shards.values())
-        example = next((x["reward_error"] for x in shards.values() if x.get("reward_error")), None)
-        verdict = self.rewards.observe(k, errors, samples, example, time.monotonic(), min_steps=self.spec.steps)
-        if verdict.event:
-            self.ctx.event(Kind.REWARD_ERRORS, verdict.event, step=k, errors=errors, samples=samples)
-        if verdict.fail:
-            raise JobFailed(verdict.fail)
-
-    def _check_staleness(self, k: int, shards: dict[int, dict[str, Any]]) -> None:
-        oldest = min(x["version"] for x in shards.values())
-        if oldest < k - self.spec.async_.max_staleness:
-            raise JobFailed(f"step {k}: a shard was generated by policy v{oldest}, beyond max_staleness")
-
     # -- helpers -------------------------------------------------------------
-
-    def _num_shards(self) -> int:
-        return min(self.spec.prompts_per_step, self.spec.rollout.shards_per_step or self.spec.rollout.replicas)
 
     def _task_size(self, state: dict[str, Any]) -> int:
         """The number of prompts of the task: recorded in the job's state the first time, by a
@@ -535,13 +393,6 @@ class JobRunner:
             self.ctx.event(Kind.TASK_ROWS_QUARANTINED, f"{quarantined} row(s) of the task's file were skipped "
                          "(see the rollout workers' log for each one)", count=quarantined)  # fmt: skip
         return int(size)
-
-    def _shards(self, step: int) -> list[list[int]]:
-        """The prompt indices of step ``step``, split into contiguous shards (whole prompt groups)."""
-        idx = prompt_indices(self.spec.seed, step, self.spec.prompts_per_step, self._task_len)
-        n = self._num_shards()
-        bounds = [round(i * len(idx) / n) for i in range(n + 1)]
-        return [idx[bounds[i] : bounds[i + 1]] for i in range(n)]
 
     def _ray_init(self) -> None:
         self.actors.connect(self.ray_address)
@@ -596,22 +447,6 @@ class JobRunner:
                 except Exception as e:  # the kill below is what matters
                     log.info("shutdown of %s/%d failed: %s", g, i, e)
                 A.kill(actor)
-
-
-def live(cur: dict[str, Any]) -> None:
-    """``expect`` of the runner's phase writes: a job that reached a terminal phase (cancelled by the
-    reconcile loop while this thread was busy) is never moved out of it."""
-    if cur.get("phase") in TERMINAL:
-        raise NotLeader(f"job is {cur['phase']}: the runner does not write its state any more")
-
-
-def committable(cur: dict[str, Any], k: int) -> None:
-    """``expect`` of the commit of step ``k``: the job is RUNNING (not cancelled while the step
-    trained) and at step ``k`` (no step applied twice); raises otherwise."""
-    if cur.get("phase") != "RUNNING":
-        raise NotLeader(f"job is {cur.get('phase')}: step {k} is not committed")
-    if cur.get("step") != k:
-        raise JobFailed(f"refusing to commit step {k}: etcd says the job is at step {cur.get('step')}")
 
 
 def _task_facts(spec_json: str) -> tuple[int, int]:

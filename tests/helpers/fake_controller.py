@@ -10,8 +10,9 @@ from typing import Any
 
 from controller.election import NotLeader
 from controller.events import Kind
+from resilient_rl.job.committer import StepCommitter
 from resilient_rl.job.context import JobContext
-from resilient_rl.job.reward_guard import RewardErrorWindow
+from resilient_rl.job.faults import FaultPolicy
 from resilient_rl.job.runner import JobRunner
 from resilient_rl.spec import parse_spec
 
@@ -75,9 +76,9 @@ class FakeController:
 def bare_runner(c: FakeController, workdir: Path, **spec: Any) -> JobRunner:
     """A JobRunner with the fields its bookkeeping reads, and no thread."""
     r = object.__new__(JobRunner)
-    r.c, r.job, r.workdir, r.reward_errors, r.faults = c, "j", workdir, 0, []  # type: ignore[assignment]
+    r.c, r.job, r.workdir = c, "j", workdir  # type: ignore[assignment]
     r.spec = parse_spec({"name": "j", "model": {"init": {}}, **spec})
-    r.rewards = RewardErrorWindow("task.reward exact", 0.5, 10)
     r._stop = threading.Event()
     r.ctx = JobContext(r.job, r.spec, 1, workdir, "", c, None, want=lambda g: 1, stopped=r._stop)  # type: ignore[arg-type]
+    r.faults, r.committer = FaultPolicy(r.ctx), StepCommitter(r.ctx)
     return r

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from checkpoints.snapshots import snapshot_dir, write_manifest
 from resilient_rl.job.checkpointing import close_inflight
+from resilient_rl.job.faults import classify
 from tests.helpers.fake_controller import FakeController
 from tests.helpers.fake_controller import bare_runner as runner
 
@@ -47,13 +48,13 @@ def test_retention_applies_to_what_the_take_over_committed(tmp_path: Path) -> No
 def test_a_fault_open_at_a_leader_change_gets_its_recovery_from_the_next_leader(tmp_path: Path) -> None:
     c = FakeController()
     old = runner(c, tmp_path)
-    old._fault("rollout_fault")
+    old.faults.detected(classify("rollout", cause="lost", worker=0))
     assert [f[0] for f in c.state["open_faults"]] == ["rollout_fault"]  # in etcd, not only in memory
     # the old leader dies; the new runner loads the open faults (as _run does) and commits
     new = runner(c, tmp_path)
-    new.faults = [(str(k), float(t)) for k, t in c.state["open_faults"]]
+    new.faults.load(c.state)  # as _run does
     new._commit(0, {"reward_mean": 0.5, "loss": 0.1}, {0: {"tokens": 1, "reward_errors": 0, "version": 0}}, 1.0)
-    new._note_recoveries(0)
+    new.faults.committed(0)
     assert c.state["open_faults"] == [] and c.state["step"] == 1
     rec = [d for k, _, d in c.events if k == "recovered"]
     assert len(rec) == 1 and rec[0]["fault"] == "rollout_fault" and rec[0]["seconds"] >= 0

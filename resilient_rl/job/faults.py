@@ -1,0 +1,111 @@
+"""One fault model for a job: what a fault is, and the one policy that owns its consequences.
+
+* :func:`classify` turns what the driver saw (a Ray error from a call, or an observation:
+  a shard or a train step past its deadline, a worker missing at take-over) into a
+  :class:`Fault` (kind, group, worker, cause, detection time).
+* :class:`FaultPolicy` (one per job's runner) owns everything that follows from faults, for
+  both groups: the restart budgets (``fault.max_restarts`` per ``fault.restart_window``),
+  the replacement backoff, the *open* faults awaiting the next committed step (kept in the
+  job's state too, ``open_faults``, so a new leader still records their recovery), and the
+  recovery timing of each worker and of the job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from controller.events import Kind
+
+from ..errors import JobFailed
+from .actors import actor_died
+from .context import JobContext, live
+
+GROUPS = ("rollout", "trainer")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # rollout_fault | rollout_hang | trainer_fault | trainer_hang
+    group: str  # rollout | trainer
+    worker: int | None  # a rollout worker's index (None: the whole trainer group)
+    cause: str  # lost | hang | take_over | join_failed
+    detected_at: float  # wall-clock time
+
+
+def classify(
+    group: str, *, error: BaseException | None = None, hung: bool = False, worker: int | None = None,
+    cause: str | None = None,
+) -> Fault:  # fmt: skip
+    """The fault an error of a call (its actor died) or an observation (``hung``) means."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown group {group!r}")
+    if error is not None and not hung and not actor_died(error) and cause is None:
+        raise ValueError(f"{type(error).__name__} is not a fault of the {group} group (its actor lives)")
+    kind = f"{group}_{'hang' if hung else 'fault'}"
+    return Fault(kind, group, worker, cause or ("hang" if hung else "lost"), time.time())
+
+
+class RestartBudget:
+    def __init__(self, group: str, limit: int, window: float) -> None:
+        self.group, self.limit, self.window = group, limit, window
+        self.times: deque[float] = deque()
+
+    def spend(self) -> int:
+        """Record one restart; raise ``JobFailed`` when the budget is exhausted. Returns the
+        restarts within the window, this one included."""
+        now = time.monotonic()
+        self.times.append(now)
+        while self.times and now - self.times[0] > self.window:
+            self.times.popleft()
+        if len(self.times) > self.limit:
+            raise JobFailed(
+                f"{self.group} group restarted {len(self.times)} times within {self.window:.0f}s "
+                f"(fault.max_restarts = {self.limit}): giving up on a crash loop"
+            )
+        return len(self.times)
+
+
+class FaultPolicy:
+    """Budgets, backoff and recovery timing of one job's faults (see module doc)."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+        f = ctx.spec.fault
+        self.budgets = {g: RestartBudget(g, f.max_restarts, f.restart_window) for g in GROUPS}
+        self.open: list[tuple[str, float]] = []  # (kind, detected wall time) until the next commit
+        self.worker_down: dict[int, float] = {}  # rollout index -> monotonic time of its fault
+
+    def load(self, state: dict[str, Any]) -> None:
+        """The faults a previous leader detected that no commit has followed yet."""
+        self.open = [(str(kind), float(t)) for kind, t in state.get("open_faults") or []]
+
+    def detected(self, fault: Fault) -> None:
+        """Remember a fault (in etcd too) until the next committed step."""
+        self.open.append((fault.kind, fault.detected_at))
+        if fault.worker is not None:
+            self.worker_down.setdefault(fault.worker, time.monotonic())
+        self.ctx.update_state(expect=live, open_faults=[list(f) for f in self.open])
+
+    def restart(self, group: str, *, backoff: bool = True) -> float:
+        """One restart of ``group`` (raises JobFailed past the budget); returns how long to wait
+        before starting the replacement: doubling per restart within the window, at most 10 s
+        (0 without ``backoff``: a replacement that failed to start is retried at once)."""
+        n = self.budgets[group].spend()
+        return min(10.0, 0.5 * 2 ** max(0, n - 1)) if backoff else 0.0
+
+    def worker_back(self, i: int) -> float | None:
+        """Rollout worker ``i`` joined: seconds since its fault (None if it had none)."""
+        t = self.worker_down.pop(i, None)
+        return None if t is None else round(time.monotonic() - t, 2)
+
+    def committed(self, step: int) -> None:
+        """Step ``step`` committed: every open fault is recovered from, as far as the job goes
+        (the commit itself cleared ``open_faults`` in etcd). Records each one's time."""
+        now = time.time()
+        for kind, t in self.open:
+            self.ctx.event(Kind.RECOVERED, f"step {step} committed {now - t:.1f}s after a {kind}",
+                           fault=kind, step=step, seconds=round(now - t, 2))  # fmt: skip
+        self.open.clear()

@@ -1,0 +1,218 @@
+"""The rollout side of the step loop: which shards each step has, which are queued, in
+flight and done, and the watchdog over the ones in flight.
+
+A step's prompts (``algo/sampler``) are cut into ``shards_per_step`` contiguous shards. A
+shard is planned once its step is within the staleness bound (``policy_version +
+max_staleness``), queued, sent to an idle rollout worker, journaled by that worker, and
+*done* when its summary is back; a step's batch is ready for training once every shard
+is done and the batch manifest is in the journal. A batch already complete in the journal
+(a previous leader's, a restart's) is reused, never generated again. A shard whose worker
+dies or hangs goes back to the front of the queue, once per loss.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from checkpoints.journal import Journal, JournalFull, ShardRef
+from controller.events import Kind
+
+from ..algo.sampler import prompt_indices
+from ..errors import is_stale, worker_cause
+from .actors import actor_died
+from .context import JobContext
+from .faults import FaultPolicy, classify
+from .groups import RolloutGroup
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Shard:
+    step: int
+    index: int
+    prompts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class InFlight:
+    shard: Shard
+    worker: int
+    sent: float  # monotonic
+
+
+class ShardScheduler:
+    def __init__(
+        self, ctx: JobContext, journal: Journal, faults: FaultPolicy, task_len: int, *,
+        pause: Callable[[JournalFull], None], paused: Callable[[], bool],
+    ) -> None:  # fmt: skip
+        self.ctx, self.journal, self.faults, self.task_len = ctx, journal, faults, task_len
+        self.pause, self.paused = pause, paused  # the journal's disk is full: the runner pauses the job
+        self.queue: deque[Shard] = deque()
+        self.inflight: dict[Any, InFlight] = {}  # call ref -> what it generates
+        self.done: dict[int, dict[int, dict[str, Any]]] = {}  # step -> shard -> summary
+        self.unjournaled: set[int] = set()  # steps whose shards are all in, batch manifest not written
+        self.planned = -1
+        self.shard_mb = 0.0  # the largest shard file so far (how much room a resume needs)
+
+    # -- planning ----------------------------------------------------------------
+
+    @property
+    def num_shards(self) -> int:
+        spec = self.ctx.spec
+        return min(spec.prompts_per_step, spec.rollout.shards_per_step or spec.rollout.replicas)
+
+    def shards(self, step: int) -> list[Shard]:
+        """The prompt indices of ``step``, split into contiguous shards (whole prompt groups)."""
+        spec = self.ctx.spec
+        idx = prompt_indices(spec.seed, step, spec.prompts_per_step, self.task_len)
+        n = self.num_shards
+        bounds = [round(i * len(idx) / n) for i in range(n + 1)]
+        return [Shard(step, i, tuple(idx[bounds[i] : bounds[i + 1]])) for i in range(n)]
+
+    def start_at(self, k: int) -> None:
+        self.planned = k - 1
+
+    def plan(self, version: int) -> None:
+        """Queue the shards of every step up to ``version + max_staleness`` not planned yet."""
+        spec = self.ctx.spec
+        while self.planned + 1 < spec.steps and self.planned + 1 <= version + spec.async_.max_staleness:
+            self.planned += 1
+            journaled = self.journaled(self.planned)  # complete before a restart: reuse, never regenerate
+            if journaled is not None:
+                self.done[self.planned] = journaled
+            else:
+                self.queue.extend(self.shards(self.planned))
+
+    def journaled(self, step: int) -> dict[int, dict[str, Any]] | None:
+        """Shard summaries of a batch already complete in the journal, else None."""
+        refs = self.journal.batch(step)
+        if refs is None or len(refs) != self.num_shards:
+            return None
+        out = {}
+        for r in refs:
+            body = self.journal.read_shard(r)
+            samples = body["samples"]
+            out[r.shard] = {
+                "ref": r.to_dict(),
+                "version": body["meta"]["version"],
+                "tokens": sum(len(x["token_ids"]) for x in samples),
+                "reward_errors": sum(x["reward_error"] is not None for x in samples),
+                "reward_error": next((x["reward_error"] for x in samples if x["reward_error"]), None),
+                "samples": len(samples),
+            }
+        return out
+
+    # -- dispatch and results ------------------------------------------------------
+
+    def dispatch(self, rollouts: RolloutGroup) -> None:
+        """Send queued shards to idle workers (lowest index first); nothing while paused."""
+        A = self.ctx.actors
+        while self.queue and rollouts.idle and not self.paused():
+            w = min(rollouts.idle)
+            rollouts.idle.discard(w)
+            shard = self.queue.popleft()
+            ref = A.call(rollouts.workers[w], "generate_shard", shard.step, shard.index, list(shard.prompts),
+                         self.ctx.token)  # fmt: skip
+            self.inflight[ref] = InFlight(shard, w, time.monotonic())
+
+    def refs(self) -> list[Any]:
+        return list(self.inflight)
+
+    def collect(self, ready: list[Any], rollouts: RolloutGroup) -> None:
+        """Take in the shards among ``ready``: done, re-queued (worker lost, disk full), or raised."""
+        for ref in [r for r in ready if r in self.inflight]:
+            f = self.inflight.pop(ref)
+            try:
+                result = self.ctx.actors.get(ref, timeout=0)
+            except Exception as e:
+                if actor_died(e):  # the worker died: its shard goes back to the queue
+                    self.queue.appendleft(f.shard)
+                    self.faults.detected(classify("rollout", error=e, worker=f.worker))
+                    rollouts.fault(f.worker, e)
+                    continue
+                if is_stale(e):
+                    raise self.ctx.not_leader(e) from None
+                full = worker_cause(e)
+                if not isinstance(full, JournalFull):
+                    raise
+                self.queue.appendleft(f.shard)  # generated again once there is space
+                if f.worker in rollouts.workers:
+                    rollouts.idle.add(f.worker)
+                self.pause(full)
+                continue
+            if f.worker in rollouts.workers:
+                rollouts.idle.add(f.worker)
+            self.shard_mb = max(self.shard_mb, float(result.get("bytes") or 0) / 1e6)
+            self.done.setdefault(f.shard.step, {})[f.shard.index] = result
+            if len(self.done[f.shard.step]) == self.num_shards:
+                self.unjournaled.add(f.shard.step)
+                self.write_batches()
+
+    def write_batches(self) -> None:
+        """Write the manifest of every batch whose shards are all in but whose manifest is not
+        (new, or refused by a full disk); a step trains only once its batch is journaled."""
+        for step in sorted(self.unjournaled):
+            if self.paused():
+                return
+            refs = [ShardRef(**self.done[step][i]["ref"]) for i in range(self.num_shards)]
+            self.ctx.check_leader()
+            try:
+                if not self.journal.commit_batch(step, refs):  # a previous leader completed it first
+                    self.done[step] = self.journaled(step) or self.done[step]
+            except JournalFull as e:
+                self.pause(e)
+                return
+            self.unjournaled.discard(step)
+
+    def batch(self, k: int) -> dict[int, dict[str, Any]] | None:
+        """Step ``k``'s shard summaries once its batch is complete and journaled, else None."""
+        got = self.done.get(k)
+        if got is None or len(got) != self.num_shards or k in self.unjournaled:
+            return None
+        return got
+
+    def take(self, k: int) -> dict[int, dict[str, Any]]:
+        return self.done.pop(k)
+
+    # -- the watchdog ----------------------------------------------------------------
+
+    def watchdog(self, rollouts: RolloutGroup) -> None:
+        """A worker with a shard in flight for longer than its limit (``fault.hang_timeout``
+        plus its reward calls' time) is hung (stopped, deadlocked, starved): kill and replace
+        it, re-queue its shard. A worker that does not join in time is hung too."""
+        now = time.monotonic()
+        for ref, f in list(self.inflight.items()):
+            limit = self.shard_limit(len(f.shard.prompts))
+            if now - f.sent <= limit:
+                continue
+            del self.inflight[ref]
+            self.queue.appendleft(f.shard)
+            self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {f.worker} made no progress on shard "
+                           f"{f.shard.step}/{f.shard.index} for {now - f.sent:.1f}s (limit {limit:g}s: "
+                           "fault.hang_timeout + reward timeouts)", worker=f.worker, group="rollout",
+                           detection_s=round(now - f.sent, 2))  # fmt: skip
+            self.faults.detected(classify("rollout", hung=True, worker=f.worker))
+            rollouts.fault(f.worker, TimeoutError(f"hung for {now - f.sent:.0f}s"))
+        for w in rollouts.overdue_joins():
+            self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {w} did not join within {rollouts.join_limit():g}s",
+                           worker=w, group="rollout")  # fmt: skip
+            self.faults.detected(classify("rollout", hung=True, worker=w, cause="join_timeout"))
+            rollouts.fault(w, TimeoutError("join timed out"))
+
+    def shard_limit(self, prompts: int) -> float:
+        """``fault.hang_timeout`` for a shard of ``prompts`` prompts, plus the longest its user reward
+        calls may take by design (each has ``task.reward_timeout_s``, ``reward_workers`` at a time):
+        a reward function timing out sample after sample is slow, not a hung worker."""
+        spec = self.ctx.spec
+        t = spec.task
+        extra = 0.0
+        if t.reward == "function":
+            calls = prompts * spec.rollout.sampling.n
+            extra = -(-calls // t.reward_workers) * t.reward_timeout_s
+        return spec.fault.hang_timeout + extra
