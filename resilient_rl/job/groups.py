@@ -300,7 +300,9 @@ class TrainerGroup:
 
     def start_retrying(self, k: int, world: int) -> Any:
         """:meth:`start`; a rank that dies meanwhile (node lost, OOM) costs one restart of the
-        budget and the group starts again, rather than failing the job."""
+        budget and the group starts again after the policy's backoff, rather than failing the
+        job. (The backoff matters after a node loss: until Ray has seen the node die it may
+        place a new rank there, and retries at once would spend the budget in seconds.)"""
         while True:
             self.ctx.check_leader()
             try:
@@ -308,9 +310,17 @@ class TrainerGroup:
             except Exception as e:
                 if not actor_died(e):
                     raise
-                self.ctx.event(Kind.TRAINER_RESTART, f"a trainer rank died while starting "
-                               f"({describe_error(e)}): starting the group again", world=world)  # fmt: skip
-                self.faults.restart("trainer", backoff=False)
+                backoff = self.faults.restart("trainer")
+                self.ctx.event(Kind.TRAINER_RESTART, f"a trainer rank died while starting ({describe_error(e)}): "
+                               f"starting the group again in {backoff:.1f}s", world=world, group="trainer",
+                               cause="start_failed", resize=False, backoff_s=backoff)  # fmt: skip
+                self._wait(backoff)
+
+    def _wait(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.ctx.check_leader()  # a deposed runner stops waiting at once
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     def restart(self, k: int, world: int, why: str, *, cause: str = "fault", resize: bool = False) -> Any:
         """A rank died (or the world size changes, ``resize``): restart the whole group at step

@@ -366,3 +366,15 @@ def test_stop_waits_for_a_write_under_way_and_refuses_every_later_one(tmp_path: 
         with pytest.raises(NotLeader):  # ... and nothing is written after it returned
             write()
     assert c.state["step"] == 7 and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_rank_that_dies_while_starting_is_started_again_after_a_backoff(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(kill_rank_at={(2, 1)}), steps=4)
+    job.script.on_train = lambda s, r: setattr(job.script, "fail_start", 1) if (s, r) == (2, 0) else None
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (failed,) = [e for e in job.events("trainer_restart") if e["cause"] == "start_failed"]
+    assert failed["backoff_s"] == 1.0 and failed["resize"] is False  # the 2nd restart in the window
+    starts = [t for n, t in job.layer.created if n == "rrl:drv:trainer:0"]
+    assert len(starts) == 3 and starts[2] - starts[1] >= 1.0  # not at once: the backoff passed
+    assert _digest_of_final_weights(job) == "0,1,2,3"
