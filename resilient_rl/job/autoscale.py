@@ -11,9 +11,12 @@ every pass, how many shards wait for a worker and how many workers are idle:
 After each change it waits ``cooldown`` seconds (a new worker needs time to
 start and join) before judging again. ``rrl scale --rollout N`` resets the size
 it starts from. Pure logic, no Ray: the runner applies the size it returns.
+Thread-safe: the runner's thread observes, the controller's thread resets (``rrl scale``).
 """
 
 from __future__ import annotations
+
+import threading
 
 
 class Autoscaler:
@@ -35,15 +38,21 @@ class Autoscaler:
         self._starved_since: float | None = None
         self._idle_since: float | None = None
         self._changed_at = float("-inf")
+        self._lock = threading.Lock()
 
     def reset(self, size: int, now: float) -> None:
         """An operator set the size (``rrl scale``): start from it (clamped)."""
-        self.size = min(self.hi, max(self.lo, size))
-        self._starved_since = self._idle_since = None
-        self._changed_at = now
+        with self._lock:
+            self.size = min(self.hi, max(self.lo, size))
+            self._starved_since = self._idle_since = None
+            self._changed_at = now
 
     def observe(self, queued: int, idle: int, now: float) -> int:
         """One observation of the loop; returns the size the group should have."""
+        with self._lock:
+            return self._observe(queued, idle, now)
+
+    def _observe(self, queued: int, idle: int, now: float) -> int:
         if now - self._changed_at < self.cooldown:  # the last change is still settling: judge afterwards
             self._starved_since = self._idle_since = None
             return self.size
