@@ -241,7 +241,8 @@ class Store:
             self._creds = grpc.ssl_channel_credentials(ca, ck, cc)
         self._client_cert = cert is not None
         self._user, self._password = user, password
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the channel, the token, the retired channels: never held over an RPC
+        self._auth_lock = threading.Lock()  # one login at a time
         self._ep_index = random.randrange(len(self.endpoints))
         self._channel: grpc.Channel | None = None
         # channels dropped by _rotate, closed only once no call can still be on them (see _rotate)
@@ -271,25 +272,39 @@ class Store:
             else:
                 self._channel = grpc.insecure_channel(ep, options=opts)
             self._metadata = None
-        if self._user is not None and self._metadata is None:
-            self._authenticate_locked(self._channel)
         return self._channel
 
-    def _authenticate_locked(self, channel: grpc.Channel) -> None:
-        """Log in as ``self._user``; the token goes with every call on this channel."""
-        stub = etcdrpc.AuthStub(channel)
-        try:
-            resp = stub.Authenticate(
-                etcdrpc.AuthenticateRequest(name=self._user, password=self._password or ""),
-                timeout=self.timeout,
-            )
-        except grpc.RpcError as e:
-            channel.close()
-            self._channel = None
-            if e.code() in _TRANSIENT:
-                self._ep_index = (self._ep_index + 1) % len(self.endpoints)
-            raise self._error("Authenticate", e) from e
-        self._metadata = (("token", resp.token),)
+    def _login(self, channel: grpc.Channel) -> tuple[tuple[str, str], ...]:
+        """Log in as ``self._user`` on ``channel``; the token goes with every call on it.
+
+        The Authenticate RPC runs outside the Store lock (it may take up to ``timeout``: other
+        threads must still be able to drop a channel or close the store meanwhile); one login
+        at a time (``_auth_lock``), and a login another thread finished meanwhile is reused."""
+        with self._auth_lock:
+            with self._lock:
+                if self._channel is channel and self._metadata is not None:
+                    return self._metadata
+            try:
+                resp = etcdrpc.AuthStub(channel).Authenticate(
+                    etcdrpc.AuthenticateRequest(name=self._user, password=self._password or ""),
+                    timeout=self.timeout,
+                )
+            except grpc.RpcError as e:
+                err = self._error("Authenticate", e)
+                with self._lock:
+                    if self._channel is channel:
+                        self._retired.append((time.monotonic(), channel))
+                        self._channel = None
+                        if e.code() in _TRANSIENT:
+                            self._ep_index = (self._ep_index + 1) % len(self.endpoints)
+                if isinstance(err, EtcdUnavailable):  # a login applies nothing: retried even inside a write
+                    raise err from None
+                raise err from e
+            md = (("token", resp.token),)
+            with self._lock:
+                if self._channel is channel:
+                    self._metadata = md
+            return md
 
     def _drop_token(self, md: tuple[tuple[str, str], ...] | None) -> None:
         """Forget a token etcd no longer accepts; the next call logs in again."""
@@ -343,7 +358,10 @@ class Store:
                 raise EtcdError("store is closed")
             if self._retired:
                 self._close_retired_locked()
-            return self._connect_locked(), self._metadata
+            channel, md = self._connect_locked(), self._metadata
+        if self._user is not None and md is None:
+            md = self._login(channel)
+        return channel, md
 
     def _rotate(self, failed: grpc.Channel | None) -> None:
         """Drop a failed channel; move to the next endpoint if there are several.

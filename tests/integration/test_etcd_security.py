@@ -415,3 +415,31 @@ def test_rrl_controller_takes_tls_and_auth_flags(tls_etcd: TlsEtcd, tmp_path: Pa
     finally:
         proc.stop()
     assert PASSWORD not in log.read_text()
+
+
+def test_a_slow_login_does_not_hold_the_store_lock(tls_etcd: TlsEtcd) -> None:
+    """The Authenticate RPC runs outside the Store lock: while one thread's login waits on a
+    stalled etcd, another can still drop a channel or close the store at once."""
+    import os
+    import signal
+    import threading
+
+    enable_auth(tls_etcd)
+    s = tls_etcd.tls_store(user="root", password=PASSWORD, timeout=3.0, retry_window=10.0)
+    s.put("/k", "1")
+    s._drop_token(s._metadata)  # the next call logs in again
+    pid = tls_etcd.proc.pid
+    got: list[object] = []
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        caller = threading.Thread(target=lambda: got.append(s.get("/k")))
+        caller.start()
+        time.sleep(0.5)  # the caller is in its login now
+        t0 = time.monotonic()
+        s._rotate(None)  # takes the Store lock
+        took = time.monotonic() - t0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    caller.join(20)
+    assert took < 0.5, f"the Store lock was held for {took:.1f}s by a login"
+    assert got and got[0].value == b"1"  # type: ignore[attr-defined]
