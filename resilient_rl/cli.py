@@ -221,12 +221,16 @@ def up(
         typer.Option("--ray-address", envvar="RAY_ADDRESS", help="Use this Ray cluster instead of starting one."),
     ] = None,
     controllers: Annotated[int, typer.Option(min=1, max=5, help="Controller processes (1 leader + standbys).")] = 1,
+    allow_kill: Annotated[
+        bool, typer.Option("--allow-kill", help="Chaos testing: controllers serve the kill-a-worker route and button.")
+    ] = False,
 ) -> None:
     """Start the local platform (etcd, Ray head, controller) if not already running."""
     from .local import Platform, PlatformError
 
     try:
-        data = Platform().up(etcd=etcd, ray_address=ray_address, controllers=controllers, progress=out.print)
+        data = Platform().up(etcd=etcd, ray_address=ray_address, controllers=controllers, progress=out.print,
+                             allow_kill=allow_kill)  # fmt: skip
     except PlatformError as e:
         fail(str(e))
     out.print(f"[green]platform up[/]: etcd {data['etcd']}, ray {data['ray']}, home {Platform().home}")
@@ -326,6 +330,14 @@ def controller(
             help="File holding the etcd user's password (or set RRL_ETCD_PASSWORD; never a flag: ps shows flags).",
         ),
     ] = None,
+    allow_kill: Annotated[
+        bool,
+        typer.Option(
+            "--allow-kill",
+            help="Chaos testing: serve POST .../workers/{group}/{worker}/kill (SIGKILL a worker on this host) "
+            "and show its button on the page. Off by default.",
+        ),
+    ] = False,
 ) -> None:
     """Run a controller in the foreground (leader or standby), serving the HTTP API, the status
     page and /metrics. `rrl up` starts these for you.
@@ -361,6 +373,7 @@ def controller(
     token = ensure_token(token_file or token_path())
     cid = id or f"{os.uname().nodename}-{os.getpid()}"
     app_ = create_app(store, token=token, served_by=cid, validate_spec=_validate_spec, metrics_path=_metrics_path,
+                      allow_kill=allow_kill,
                       remove_data=_remove_data)  # fmt: skip
     try:
         http = HttpServer(app_, http_host, http_port).start()

@@ -273,8 +273,10 @@ class Platform:
         ray_address: str | None = None,
         controllers: int = 1,
         progress: Any = print,
+        allow_kill: bool = False,
     ) -> dict[str, Any]:
-        """Start whatever is not running yet; idempotent. Returns the platform record."""
+        """Start whatever is not running yet; idempotent. Returns the platform record.
+        ``allow_kill``: controllers started now serve the chaos kill route (``--allow-kill``)."""
         data = self.load()
         procs: dict[str, Any] = self.running()
         ports = data.get("ports") or {}
@@ -321,6 +323,7 @@ class Platform:
                 "--etcd", data["etcd"], "--ray-address", data["ray"],
                 "--id", f"{socket.gethostname()}-{i}",
                 "--http-port", str(port), "--token-file", str(token_path(self.home)),
+                *(["--allow-kill"] if allow_kill else []),
             ]  # fmt: skip
             p = ManagedProcess.spawn(name, argv, logs / f"{name}.log", env={**ray_env(), "RRL_HOME": str(self.home)})
             procs[name] = {"pid": p.pid, "log": str(logs / f"{name}.log")}

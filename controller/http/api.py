@@ -203,10 +203,12 @@ def create_app(
     metrics_path: MetricsPath | None = None,
     stream_interval: float = 1.0,
     remove_data: Callable[[jobs.JobRecord], list[str]] | None = None,
+    allow_kill: bool = False,
 ) -> FastAPI:
     """Build the app. ``token=None`` accepts mutations without a token (in-process use only).
     ``remove_data(rec)`` removes a deleted job's files where this host can reach them and
-    returns what it removed."""
+    returns what it removed. ``allow_kill``: serve the chaos route that SIGKILLs a worker
+    (``rrl controller --allow-kill``); off, it answers 403 naming the flag."""
     app = FastAPI(
         title="resilient-rl controller",
         version="1",
@@ -288,6 +290,7 @@ def create_app(
             "leader": leader.value.decode() if leader else None,
             "controllers": service.controllers(store),
             "served_by": served_by,
+            "allow_kill": allow_kill,
             "time": time.time(),
         }
 
@@ -414,8 +417,11 @@ def create_app(
         """Chaos: SIGKILL a worker's process, by the pid in its membership record.
 
         Only when the worker runs on this controller's host (409 otherwise: ask a
-        controller on its node). The leader then sees the fault and recovers.
+        controller on its node), and only on a controller started with ``--allow-kill``
+        (403 otherwise). The leader then sees the fault and recovers.
         """
+        if not allow_kill:
+            raise HTTPException(403, "the kill route is off: start the controller with --allow-kill (chaos testing)")
         rec = record(job)
         info = rec.members.get(group, {}).get(worker)
         if info is None:

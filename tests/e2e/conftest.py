@@ -21,7 +21,7 @@ class LivePlatform:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.platform = Platform(home)
-        self.data = self.platform.up(progress=lambda *_: None)
+        self.data = self.platform.up(progress=lambda *_: None, allow_kill=True)  # the page's kill button
         self.store = Store(self.data["etcd"])
 
     def submit(self, spec_dict: dict[str, Any]) -> str:

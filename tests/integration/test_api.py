@@ -51,9 +51,10 @@ def spec(name: str, **over: Any) -> dict[str, Any]:
 class Ctl:
     """One controller (election + registration + reconcile) serving the API, like `rrl controller`."""
 
-    def __init__(self, etcd: EtcdServer, cid: str) -> None:
+    def __init__(self, etcd: EtcdServer, cid: str, allow_kill: bool = True) -> None:
         self.store = etcd.store()
-        app = create_app(self.store, token=TOKEN, served_by=cid, validate_spec=_validate_spec, stream_interval=0.2)
+        app = create_app(self.store, token=TOKEN, served_by=cid, validate_spec=_validate_spec, stream_interval=0.2,
+                         allow_kill=allow_kill)  # fmt: skip
         self.http = HttpServer(app).start()
         self.url = self.http.url
         self.c = Controller(self.store, cid, ttl=2, info={"http": self.url}, interval=0.2)
@@ -412,3 +413,27 @@ def test_rrl_events_follow_prints_new_events_as_they_come(
     finally:
         os.killpg(proc.pid, 9)
         proc.wait(timeout=10)
+
+
+def test_the_kill_route_is_off_unless_the_controller_allows_it(etcd: EtcdServer) -> None:
+    off = Ctl(etcd, "ctl-off", allow_kill=False)
+    try:
+        u = off.url + "/api/v1"
+        deadline = time.monotonic() + 10
+        while not off.c.election.is_leader:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert httpx.post(f"{u}/jobs", json={"spec": spec("calm")}, headers=AUTH).status_code == 201
+        victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        reg = Registration(etcd.store(), "calm", "rollout", "0", ttl=3, pid=victim.pid)
+        try:
+            r = httpx.post(f"{u}/jobs/calm/workers/rollout/0/kill", headers=AUTH)
+            assert r.status_code == 403 and "--allow-kill" in r.text
+            assert victim.poll() is None  # untouched
+            assert httpx.get(f"{u}/jobs/calm/view").json()["allow_kill"] is False  # the page hides the button
+        finally:
+            reg.close()
+            victim.kill()
+            victim.wait()
+    finally:
+        off.stop()

@@ -155,7 +155,7 @@ function plot(svg, points, key, markers, lastStep) {
   }
 }
 
-function renderWorkers(groups, job) {
+function renderWorkers(groups, job, allowKill) {
   const box = $("workers");
   box.replaceChildren();
   const names = Object.keys(groups).sort();
@@ -174,15 +174,17 @@ function renderWorkers(groups, job) {
       for (const v of [w.id, w.node, w.pid, w.state, fmt(w.policy_version, 0), age(w.progress_age_s) + " ago", w.restarts]) {
         tr.appendChild(el("td", v));
       }
-      const btn = el("button", "kill", "danger");
-      btn.title = "chaos: SIGKILL this worker's process (only on the controller's own host)";
-      btn.addEventListener("click", () => {
-        if (confirm("Kill " + g + " worker " + w.id + " (pid " + w.pid + ")?")) {
-          act("/api/v1/jobs/" + encodeURIComponent(job) + "/workers/" + encodeURIComponent(g) + "/" + encodeURIComponent(w.id) + "/kill");
-        }
-      });
       const td = el("td");
-      td.appendChild(btn);
+      if (allowKill) {  // the controller serves the kill route only with --allow-kill (chaos testing)
+        const btn = el("button", "kill", "danger");
+        btn.title = "chaos: SIGKILL this worker's process (only on the controller's own host)";
+        btn.addEventListener("click", () => {
+          if (confirm("Kill " + g + " worker " + w.id + " (pid " + w.pid + ")?")) {
+            act("/api/v1/jobs/" + encodeURIComponent(job) + "/workers/" + encodeURIComponent(g) + "/" + encodeURIComponent(w.id) + "/kill");
+          }
+        });
+        td.appendChild(btn);
+      }
       tr.appendChild(td);
       body.appendChild(tr);
     }
@@ -221,7 +223,7 @@ function renderView(v) {
   $("controllers").textContent = v.controllers.map((c) => c.id + (c.leader ? " (leader)" : "")).join(", ");
   plot($("plot-reward"), v.history, "reward", v.markers, s.step);
   plot($("plot-tps"), v.history, "tokens_per_s", v.markers, s.step);
-  renderWorkers(v.workers, s.id);
+  renderWorkers(v.workers, s.id, !!v.allow_kill);
   renderTable("checkpoints", v.checkpoints.slice().reverse(), (c) => [
     c.step, c.bytes ? (c.bytes / 1e6).toFixed(1) + " MB" : "-", fmt(c.blocking_s, 3), fmt(c.seconds, 2), c.status,
   ]);
