@@ -363,10 +363,17 @@ class TrainerRank:
                 loss = seq_loss.sum() * (self.world / total)
                 loss.backward()
             loss_sum += seq_loss.detach().double().sum()
-            for k, v in stats.items():
-                stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * len(part)
-        if self.world > 1:  # the global batch's loss, whatever the world size
+            n_tok = float(stats["num_tokens"])
+            for k, v in stats.items():  # per-token means, weighted by their tokens; the count summed
+                stats_acc[k] = stats_acc.get(k, 0.0) + (float(v) if k == "num_tokens" else float(v) * n_tok)
+        names = sorted(stats_acc)
+        sums = torch.tensor([stats_acc[k] for k in names], dtype=torch.float64)
+        if self.world > 1:  # the global batch's loss and statistics, whatever the world size
             dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        stats_acc = dict(zip(names, sums.tolist(), strict=True))
+        tokens = max(1.0, stats_acc.get("num_tokens", 0.0))
+        step_stats = {k: (v if k == "num_tokens" else v / tokens) for k, v in stats_acc.items()}
         ok = torch.tensor([1.0 if torch.isfinite(loss_sum) else 0.0])
         grad_norm = None
         if self.spec.trainer.max_grad_norm is not None:
@@ -388,7 +395,7 @@ class TrainerRank:
             "reward_mean": float(rewards.mean()),
             "samples": total,
             "grad_norm": None if grad_norm is None else float(grad_norm),
-            **{k: v / max(1, len(mine)) for k, v in stats_acc.items()},
+            **step_stats,
         }
         if self.rank == 0 and publish:
             out["weights"] = self._put_weights()

@@ -43,3 +43,39 @@ def test_nan_loss_rejects_step_without_applying_it(tmp_path: Path, etcd: EtcdSer
         assert out["step"] == 1 and rank.digest() != before
     finally:
         rank.shutdown()
+
+
+def test_step_statistics_are_token_weighted_whatever_the_micro_batch(tmp_path: Path, etcd: EtcdServer) -> None:
+    """clip_frac / ratio_mean are per-token means over the step's batch (num_tokens its token
+    count), as if the batch were one micro-batch: not an average of micro-batch means."""
+    import random
+
+    rng = random.Random(3)
+    lengths = [1, 5, 2, 7]
+    samples = [
+        {"prompt_index": i // 2, "sample": i % 2, "prompt_ids": [3, 4, 5], "token_ids": [6 + j % 5 for j in range(n)],
+         "logprobs": [rng.uniform(-4.0, -0.5) for _ in range(n)], "reward": float(i % 2), "version": 0}
+        for i, n in enumerate(lengths)
+    ]  # fmt: skip
+    out = {}
+    for mb in (1, 8):
+        spec = parse_spec({"name": "stats", "model": {"init": {}}, "prompts_per_step": 2,
+                           "rollout": {"sampling": {"n": 2}}, "trainer": {"micro_batch": mb},
+                           "algorithm": {"off_policy_correction": True, "clip_eps": 0.2}})  # fmt: skip
+        model_dir = make_tiny_model(tmp_path / "model", spec.model.init, VOCAB_CHARS)
+        work = tmp_path / f"mb{mb}"
+        journal = Journal(work / "journal")
+        journal.commit_batch(1, [journal.write_shard(1, 0, samples, {})])
+        rank = TrainerRank("stats", 0, 1, spec.to_json(), str(model_dir), str(work), etcd.endpoint)
+        try:
+            rank.setup(("127.0.0.1", free_port()))
+            rank.step = 1  # samples of policy v0 trained at step 1: off-policy, their ratios differ from 1
+            out[mb] = rank.train_step(1, publish=False)
+        finally:
+            rank.shutdown()
+    assert out[1]["num_tokens"] == out[8]["num_tokens"] == sum(lengths)
+    for k in ("ratio_mean", "clip_frac"):
+        assert out[1][k] == pytest.approx(out[8][k], rel=1e-6), k
+    assert (
+        out[8]["ratio_mean"] != pytest.approx(1.0) and 0.0 < out[8]["clip_frac"] < 1.0
+    )  # the check can see a difference
