@@ -18,7 +18,6 @@ import hashlib
 import io
 import logging
 import os
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -95,6 +94,16 @@ def _node_id() -> str | None:
         return None
 
 
+_RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
+
+
+def _node_ip() -> str:
+    """This process's node IP as Ray knows it (the local platform binds Ray to 127.0.0.1)."""
+    if ray.is_initialized():
+        return str(ray.util.get_node_ip_address())
+    return "127.0.0.1"
+
+
 def trainer_actor() -> Any:
     """``TrainerRank`` as a Ray actor class, with the ``io`` concurrency group its snapshot
     waits run in (beside training) and the ``control`` group ``adopt`` answers from (a new
@@ -140,6 +149,7 @@ class TrainerRank:
         self.fence = 0  # newest leader token seen (see check_fence)
         self.last: dict[str, Any] | None = None  # the result of the newest train_step
         self._training: int | None = None  # the step a train_step is working on (read by adopt)
+        self._rendezvous: Any = None  # rank 0: the process group's TCPStore, held from address() on
 
     @ray.method(concurrency_group="control")
     def adopt(self, token: int, spec_digest: str) -> dict[str, Any]:
@@ -171,11 +181,14 @@ class TrainerRank:
                 "busy": busy}  # fmt: skip
 
     def address(self) -> tuple[str, int]:
-        """Where rank 0 listens for the process group (called on rank 0 only)."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        return "127.0.0.1", port
+        """Where rank 0 listens for the process group (called on rank 0 only): its node's IP
+        and the port of the rendezvous store it opens *now* and holds until the group is formed
+        (a port found free, closed and bound again later could be taken in between)."""
+        host = _node_ip()
+        if self._rendezvous is None:
+            self._rendezvous = dist.TCPStore(host, 0, self.world, True, timeout=_RENDEZVOUS_TIMEOUT,
+                                             wait_for_workers=False)  # fmt: skip
+        return host, int(self._rendezvous.port)
 
     def setup(self, master: tuple[str, int], restore: str | None = None) -> dict[str, Any]:
         """Join the process group, load the initial model, build DDP + optimizer and, with
@@ -185,13 +198,13 @@ class TrainerRank:
         backend = self.spec.trainer.backend
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() and self.spec.trainer.num_gpus > 0 else "gloo"
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{master[0]}:{master[1]}",
-            rank=self.rank,
-            world_size=self.world,
-            timeout=timedelta(seconds=120),
-        )
+        if self.rank == 0 and self._rendezvous is not None:
+            store = self._rendezvous  # opened by address(): the port was never let go
+        else:
+            store = dist.TCPStore(master[0], master[1], self.world, self.rank == 0, timeout=_RENDEZVOUS_TIMEOUT,
+                                  wait_for_workers=False)  # fmt: skip
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world,
+                                timeout=_RENDEZVOUS_TIMEOUT)  # fmt: skip
         torch.manual_seed(self.spec.seed)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, self.spec.model.dtype))
         model.train()
@@ -405,4 +418,5 @@ class TrainerRank:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._rendezvous = None
         self.member.close()

@@ -79,3 +79,27 @@ def test_step_statistics_are_token_weighted_whatever_the_micro_batch(tmp_path: P
     assert (
         out[8]["ratio_mean"] != pytest.approx(1.0) and 0.0 < out[8]["clip_frac"] < 1.0
     )  # the check can see a difference
+
+
+def test_rank_zero_holds_its_rendezvous_port_from_address_to_setup(tmp_path: Path, etcd: EtcdServer) -> None:
+    """address() opens the process group's store and keeps its port: nobody can take the port
+    between the answer and the group's forming (a free port found, closed and bound again
+    later can be), and setup forms the group on that same store."""
+    import socket
+
+    spec = parse_spec({"name": "rdv", "model": {"init": {}}})
+    model_dir = make_tiny_model(tmp_path / "model", spec.model.init, VOCAB_CHARS)
+    rank = TrainerRank("rdv", 0, 1, spec.to_json(), str(model_dir), str(tmp_path), etcd.endpoint)
+    try:
+        host, port = rank.address()
+        assert host == "127.0.0.1" and port > 0  # the node's IP (no Ray here: loopback)
+        with socket.socket() as s, pytest.raises(OSError):
+            s.bind(("127.0.0.1", port))  # still held
+        assert rank.address() == (host, port)  # asked again: the same store
+        out = rank.setup((host, port))
+        assert out["step"] == 0
+        import torch.distributed as dist
+
+        assert dist.is_initialized() and dist.get_world_size() == 1
+    finally:
+        rank.shutdown()
