@@ -17,7 +17,7 @@ from controller.election import NotLeader
 from controller.events import Kind
 from controller.jobs import TERMINAL
 
-from ..errors import JobFailed
+from ..errors import JobFailed, is_stale
 from ..naming import actor_name
 from ..spec import JobSpec
 from .actors import Actors
@@ -133,6 +133,11 @@ class JobContext:
 
     def not_leader(self, e: BaseException) -> NotLeader:
         return NotLeader(f"a worker refused our call, a newer leader owns it: {e}")
+
+    def raise_if_stale(self, e: BaseException) -> None:
+        """A worker refused our call (a newer leader fenced it): raise NotLeader; else return."""
+        if is_stale(e):
+            raise self.not_leader(e) from None
 
     # -- names and placement -----------------------------------------------------
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from controller.events import Kind
 
-from ..errors import describe_error, is_stale
+from ..errors import describe_error
 from .actors import Placement, actor_died, create_fresh
 from .context import JobContext
 from .faults import FaultPolicy
@@ -100,8 +100,7 @@ class RolloutGroup:
             try:
                 A.get(ref, timeout=0)
             except Exception as e:
-                if is_stale(e):
-                    raise self.ctx.not_leader(e) from None
+                self.ctx.raise_if_stale(e)
                 log.warning("rollout worker %d could not join (%s): replacing it", i, type(e).__name__)
                 del self.joining[ref]
                 self.fault(i, e, delay=False)
@@ -128,8 +127,7 @@ class RolloutGroup:
         try:
             version = self.actors.get(ref, timeout=0)
         except Exception as e:  # the new worker died while starting: try again (budgeted, backed off)
-            if is_stale(e):
-                raise self.ctx.not_leader(e) from None
+            self.ctx.raise_if_stale(e)
             self.fault(i, e)
             return True
         self.idle.add(i)
@@ -270,8 +268,7 @@ class TrainerGroup:
                 status = A.get([A.call(a, "adopt", self.ctx.token, self.ctx.spec.digest()) for a in found],
                                timeout=answer_s)  # fmt: skip
             except Exception as e:
-                if is_stale(e):
-                    raise self.ctx.not_leader(e) from None
+                self.ctx.raise_if_stale(e)
                 log.warning(
                     "job %s: trainer ranks not adoptable (%s): restarting them", self.ctx.job, describe_error(e)
                 )

@@ -36,7 +36,7 @@ from controller.events import Kind
 from controller.jobs import JobRecord
 from controller.store import EtcdError
 
-from ..errors import JobFailed, describe_error, is_stale
+from ..errors import JobFailed, describe_error
 from ..naming import MODEL_MARKER, actor_name, job_workdir
 from ..spec import JobSpec
 from .actors import Actors, RayActors, actor_died, connect_ray
@@ -293,8 +293,7 @@ class JobRunner:
         try:
             results: list[dict[str, Any]] = A.get(train.refs, timeout=0)  # StepRejected etc. fail the job
         except Exception as e:
-            if is_stale(e):
-                raise self.ctx.not_leader(e) from None
+            self.ctx.raise_if_stale(e)
             raise
         self.slowest_train_s = max(self.slowest_train_s, time.monotonic() - train.sent)
         return results

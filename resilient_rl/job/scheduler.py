@@ -23,7 +23,7 @@ from checkpoints.journal import Journal, JournalFull, ShardRef
 from controller.events import Kind
 
 from ..algo.sampler import prompt_indices
-from ..errors import is_stale, worker_cause
+from ..errors import worker_cause
 from .actors import actor_died
 from .context import JobContext
 from .faults import FaultPolicy, classify
@@ -136,8 +136,7 @@ class ShardScheduler:
                     self.faults.detected(classify("rollout", error=e, worker=f.worker))
                     rollouts.fault(f.worker, e)
                     continue
-                if is_stale(e):
-                    raise self.ctx.not_leader(e) from None
+                self.ctx.raise_if_stale(e)
                 full = worker_cause(e)
                 if not isinstance(full, JournalFull):
                     raise

@@ -378,3 +378,18 @@ def test_a_rank_that_dies_while_starting_is_started_again_after_a_backoff(tmp_pa
     starts = [t for n, t in job.layer.created if n == "rrl:drv:trainer:0"]
     assert len(starts) == 3 and starts[2] - starts[1] >= 1.0  # not at once: the backoff passed
     assert _digest_of_final_weights(job) == "0,1,2,3"
+
+
+def test_a_deposed_runner_fenced_out_by_the_workers_steps_back_without_failing_the_job(tmp_path: Path) -> None:
+    """A leader that does not know yet that it lost (its lease looks valid) keeps calling the
+    workers; once the new leader adopted them they refuse its calls (fence), and it steps back:
+    no FAILED, no step applied twice."""
+    job = Job(tmp_path, Script(train_delay_s=0.05), steps=8)
+    old = job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 2)
+    new = job.lead()  # a newer token adopts (fences) every worker; `old` is not told
+    old._thread.join(20)
+    assert not old._thread.is_alive()
+    assert job.finish() == "SUCCEEDED" and new is job.runner
+    assert "failed" not in job.kinds() and max(job.steps_trained().values()) == 1
+    assert _digest_of_final_weights(job) == ",".join(map(str, range(8)))
