@@ -217,7 +217,7 @@ def test_a_corrupt_newest_snapshot_falls_back_to_the_one_before(tmp_path: Path) 
 
 
 def test_a_replacement_starts_only_after_its_backoff(tmp_path: Path) -> None:
-    job = Job(tmp_path, Script(kill_rollout_at={(1, 0), (2, 0)}, train_delay_s=0.3), steps=6)
+    job = Job(tmp_path, Script(kill_rollout_at={(1, 0), (2, 0)}, train_delay_s=0.15), steps=6)
     job.lead()
     assert job.finish() == "SUCCEEDED"
     faults = job.events("rollout_fault")
