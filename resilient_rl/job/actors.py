@@ -101,6 +101,14 @@ def actor_died(e: BaseException) -> bool:
     return isinstance(e, RayActorError)
 
 
+def unreachable(e: BaseException) -> bool:
+    """True if the actor could not be reached but Ray has not confirmed its death
+    (``ActorUnavailableError``: e.g. its node is gone and Ray's health check has not caught up)."""
+    from ray.exceptions import ActorUnavailableError
+
+    return isinstance(e, ActorUnavailableError)
+
+
 def timed_out(e: BaseException) -> bool:
     from ray.exceptions import GetTimeoutError
 

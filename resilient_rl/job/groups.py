@@ -25,7 +25,7 @@ from typing import Any
 from controller.events import Kind
 
 from ..errors import describe_error
-from .actors import Placement, actor_died, create_fresh
+from .actors import Placement, actor_died, create_fresh, unreachable
 from .context import JobContext
 from .faults import FaultPolicy
 
@@ -300,6 +300,12 @@ class TrainerGroup:
         budget and the group starts again after the policy's backoff, rather than failing the
         job. (The backoff matters after a node loss: until Ray has seen the node die it may
         place a new rank there, and retries at once would spend the budget in seconds.)"""
+        # a rank Ray cannot reach but has not seen die (its node is gone, Ray's health check
+        # lags by ~10-30 s and may even place new ranks there meanwhile) is not the job's
+        # crash loop: such starts are retried, backed off, without spending the budget, for
+        # as long as Ray may take to notice (at least a minute)
+        patience_until = time.monotonic() + max(60.0, self.ctx.spec.fault.hang_timeout)
+        waited = 0.5
         while True:
             self.ctx.check_leader()
             try:
@@ -307,10 +313,16 @@ class TrainerGroup:
             except Exception as e:
                 if not actor_died(e):
                     raise
-                backoff = self.faults.restart("trainer")
+                budgeted = not (unreachable(e) and time.monotonic() < patience_until)
+                if budgeted:
+                    backoff = self.faults.restart("trainer")
+                else:
+                    backoff, waited = waited, min(10.0, waited * 2)
                 self.ctx.event(Kind.TRAINER_RESTART, f"a trainer rank died while starting ({describe_error(e)}): "
-                               f"starting the group again in {backoff:.1f}s", world=world, group="trainer",
-                               cause="start_failed", resize=False, backoff_s=backoff)  # fmt: skip
+                               f"starting the group again in {backoff:.1f}s"
+                               + ("" if budgeted else " (unreachable, not yet dead for Ray: no restart counted)"),
+                               world=world, group="trainer", cause="start_failed", resize=False, backoff_s=backoff,
+                               budgeted=budgeted)  # fmt: skip
                 self._wait(backoff)
 
     def _wait(self, seconds: float) -> None:

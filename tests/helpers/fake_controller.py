@@ -82,3 +82,50 @@ def bare_runner(c: FakeController, workdir: Path, **spec: Any) -> JobRunner:
     r.ctx = JobContext(r.job, r.spec, 1, workdir, "", c, None, want=lambda g: 1, stopped=r._stop)  # type: ignore[arg-type]
     r.faults, r.committer = FaultPolicy(r.ctx), StepCommitter(r.ctx)
     return r
+
+
+class LeaderTerm:
+    """One leader's view of the record: what a runner gets from its controller. Like the
+    election's fenced writes, a term whose token is no longer the newest writes nothing (NotLeader),
+    even while it still believes it leads (``leads`` is the controller's, as a lease looks locally)."""
+
+    def __init__(self, c: FakeController, token: int) -> None:
+        self.c, self.token, self.id = c, token, c.id
+
+    @property
+    def leads(self) -> bool:
+        return self.c.leads
+
+    def _fence(self, what: str) -> None:
+        if self.token != self.c.token:
+            self.c.refused.append(f"stale term {self.token}: {what}")
+            raise NotLeader(f"fenced write rejected: token {self.token} is stale ({what})")
+
+    def event(self, job: str, kind: str, message: str, **data: Any) -> None:
+        self._fence(f"event {kind}")
+        self.c.event(job, kind, message, **data)
+
+    def update_state(self, job: str, expect: Any = None, **changes: Any) -> dict[str, Any]:
+        self._fence("state")
+        return self.c.update_state(job, expect, **changes)
+
+    def record_checkpoint(self, job: str, step: int, info: dict[str, Any]) -> None:
+        self._fence("checkpoint")
+        self.c.record_checkpoint(job, step, info)
+
+    def forget_checkpoint(self, job: str, step: int) -> None:
+        self._fence("forget checkpoint")
+        self.c.forget_checkpoint(job, step)
+
+    def record_lineage(self, job: str, step: int, segment: dict[str, Any]) -> None:
+        self._fence("lineage")
+        self.c.record_lineage(job, step, segment)
+
+    def read_state(self, job: str) -> dict[str, Any]:
+        return self.c.read_state(job)
+
+    def checkpoints(self, job: str) -> list[dict[str, Any]]:
+        return self.c.checkpoints(job)
+
+    def note_etcd_error(self) -> None:
+        self.c.note_etcd_error()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import ActorUnavailableError
 
 from checkpoints.journal import Journal
 from checkpoints.snapshots import snapshot_dir, write_manifest
@@ -43,6 +44,7 @@ class Script:
     kill_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank dies in train_step
     hang_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank hangs in train_step
     fail_start: int = 0  # trainer ranks that die in setup (each one counts down)
+    unreachable_start: int = 0  # trainer ranks whose setup finds them unreachable (ActorUnavailableError)
     shard_delay_s: float = 0.0
     train_delay_s: float = 0.0
     on_train: Any = None  # called (step, rank) at the start of every train_step
@@ -147,6 +149,11 @@ class FakeTrainer:
             s.fail_start -= dies
         if dies:
             _die(self)
+        with s.lock:  # counted per start of the group: rank 0's setup
+            unreachable = self.rank == 0 and s.unreachable_start > 0
+            s.unreachable_start -= unreachable
+        if unreachable:  # as Ray says of an actor on a node it has not seen die yet
+            raise ActorUnavailableError("the node of this actor is unreachable (fake)", None)
         if restore:
             state = json.loads((Path(restore) / f"rank{self.rank}.json").read_text())
             self.step, self.applied = state["step"], state["applied"]
