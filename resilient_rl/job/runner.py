@@ -89,6 +89,7 @@ class JobRunner:
         self.paused_recorded = self.resume_asked = False
         self._paused_at = self._space_checked = 0.0
         self.slowest_train_s = 0.0  # the slowest train step this runner saw (the hang limit's scale)
+        self._last_pass = 0.0  # monotonic time of the loop's last pass (see _housekeep)
         self._stop = threading.Event()
         self.actors: Actors = actors if actors is not None else RayActors()
         self._connected = False  # to Ray: nothing to kill before
@@ -220,7 +221,7 @@ class JobRunner:
         shards, rollouts = self.shards, self.rollouts
         shards.start_at(k)
         train: Training | None = None
-        t_step = time.monotonic()
+        t_step = self._last_pass = time.monotonic()
         while k < self.spec.steps and not self._stop.is_set():
             self.ctx.check_leader()
             self._housekeep(train, len(shards.queue))
@@ -248,7 +249,7 @@ class JobRunner:
     def _housekeep(self, train: Training | None, queued: int) -> None:
         """Once per pass: credit time this process did not run, the autoscaler, group sizes, the pause."""
         now = time.monotonic()
-        gap, self._last_pass = now - getattr(self, "_last_pass", now), now
+        gap, self._last_pass = now - self._last_pass, now
         if gap > 5.0 and train is not None:  # this process was stopped or starved: no worker's clock ran
             train.sent += gap
         rollouts = self.rollouts
