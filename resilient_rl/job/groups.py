@@ -54,9 +54,9 @@ class RolloutGroup:
     def _create(self, i: int) -> Any:
         r, c = self.ctx.spec.rollout, self.ctx
         # never get_if_exists: a dead worker's handle would be handed back for its replacement
-        return create_fresh(self.actors, "rollout", c.actor_name("rollout", i),
-                                  (c.job, i, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd),
-                                  Placement(r.num_cpus, r.num_gpus, c.runtime_env()))  # fmt: skip
+        args = (c.job, i, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd)
+        placement = Placement(r.num_cpus, r.num_gpus, c.runtime_env())
+        return create_fresh(self.actors, "rollout", c.actor_name("rollout", i), args, placement)
 
     def _join(self, i: int, w: Any, version: int, weights: Any) -> None:
         self.workers[i] = w
@@ -226,10 +226,10 @@ class TrainerGroup:
         A.get(A.call(store, "ping"))
         restore, s = choose_restore(c, k)
         t = c.spec.trainer
+        placement = Placement(t.num_cpus, t.num_gpus, c.runtime_env())
         self.ranks = [
             create_fresh(A, "trainer", c.actor_name("trainer", i),
-                     (c.job, i, world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd),
-                     Placement(t.num_cpus, t.num_gpus, c.runtime_env()))
+                         (c.job, i, world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd), placement)
             for i in range(world)
         ]  # fmt: skip
         master = A.get(A.call(self.ranks[0], "address"))
