@@ -222,8 +222,12 @@ def up(
     ] = None,
     controllers: Annotated[int, typer.Option(min=1, max=5, help="Controller processes (1 leader + standbys).")] = 1,
     allow_kill: Annotated[
-        bool, typer.Option("--allow-kill", help="Chaos testing: controllers serve the kill-a-worker route and button.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--allow-kill/--no-allow-kill",
+            help="Chaos testing: controllers serve the kill-a-worker route and button (kept for later `rrl up`s).",
+        ),
+    ] = None,
 ) -> None:
     """Start the local platform (etcd, Ray head, controller) if not already running."""
     from .local import Platform, PlatformError

@@ -273,11 +273,15 @@ class Platform:
         ray_address: str | None = None,
         controllers: int = 1,
         progress: Any = print,
-        allow_kill: bool = False,
+        allow_kill: bool | None = None,
     ) -> dict[str, Any]:
         """Start whatever is not running yet; idempotent. Returns the platform record.
-        ``allow_kill``: controllers started now serve the chaos kill route (``--allow-kill``)."""
+        ``allow_kill``: controllers serve the chaos kill route (``--allow-kill``); None keeps
+        what the platform was brought up with (a controller restarted later keeps its flags)."""
         data = self.load()
+        if allow_kill is not None:
+            data["allow_kill"] = allow_kill
+        allow_kill = bool(data.get("allow_kill", False))
         procs: dict[str, Any] = self.running()
         ports = data.get("ports") or {}
         logs = self.home / "logs"
