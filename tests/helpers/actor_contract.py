@@ -107,13 +107,13 @@ def check_a_worker_error_arrives_wrapped_with_its_cause(actors: Any) -> None:
 
 def check_a_get_past_its_timeout_raises_get_timeout(actors: Any) -> None:
     _, a = _new(actors)
-    ref = actors.call(a, "sleep", 1.0)
+    ref = actors.call(a, "sleep", 0.6)
     with pytest.raises(Exception) as e:
         actors.get(ref, timeout=0.2)
     assert timed_out(e.value) and not actor_died(e.value)
     ready, pending = actors.wait([ref], timeout=0)
     assert ready == [] and pending == [ref]
-    assert actors.get(ref, timeout=30) == 1.0  # still delivered afterwards
+    assert actors.get(ref, timeout=30) == 0.6  # still delivered afterwards
     ready, pending = actors.wait([ref], timeout=0)
     assert ready == [ref] and pending == []
     actors.kill(a)
