@@ -257,7 +257,7 @@ class RolloutSpec(_Section):
 
 
 class TrainerSpec(_Section):
-    """The trainer group (torch.distributed, DDP)."""
+    """The trainer group (torch.distributed: DDP, or FSDP2 for models one rank cannot hold)."""
 
     replicas: int = Size(1, ge=1, le=1024, why=_WORKERS_WHY, description="World size.")
     lr: float = Field(1e-3, gt=0, le=1.0, description="Learning rate.")
@@ -270,6 +270,35 @@ class TrainerSpec(_Section):
         le=65536,
         why="at most the global batch bound (prompts_per_step x n)",
         description="Sequences per forward/backward on one rank.",
+    )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="ddp: every rank holds the whole model and optimizer. fsdp: FSDP2 "
+        "(`fully_shard` on each decoder layer and the root): parameters, gradients and optimizer "
+        "state sharded over the ranks, for models one rank cannot hold. Snapshots are sharded "
+        "(checkpoint.backend dcp) and restore at any world size or strategy. A running job "
+        "changes it with `rrl scale JOB --strategy`.",
+    )
+    reshard_after_forward: bool = Field(
+        True,
+        description="fsdp: free each layer's gathered parameters after its forward (less memory, "
+        "one more all-gather in backward). False keeps them until backward (ZeRO-2-like).",
+    )
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "none",
+        description="fsdp: bf16 compute with fp32 master weights and fp32 gradient reduction "
+        "(`MixedPrecisionPolicy`). none: compute in model.dtype (float32 on CPU, the deterministic default).",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in backward instead of keeping them."
+    )
+    publish_bucket_mb: int = Size(
+        64,
+        ge=1,
+        le=16384,
+        why="a bucket is held whole on rank 0 and in the weight store while it is published",
+        description="Weights are gathered from the ranks and published to the rollout engines in "
+        "buckets of about this size (MB), never as a second full copy on one rank.",
     )
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="gloo on CPU, nccl on GPU.")
     num_cpus: float = Size(1.0, gt=0, le=1024, why=_CPUS_WHY, description="CPUs Ray reserves for each rank.")
@@ -424,11 +453,16 @@ class JobSpec(_Section):
                 f"the global batch (prompts_per_step x rollout.sampling.n = {global_batch}) is over {_BATCH_MAX:,} "
                 "samples: every sample of a step is held by the trainer at once"
             )
-        if global_batch % self.trainer.replicas:
+        if global_batch < self.trainer.replicas:
             raise ValueError(
-                f"the global batch (prompts_per_step x rollout.sampling.n = {global_batch}) must split "
-                f"evenly over trainer.replicas ({self.trainer.replicas})"
+                f"the global batch (prompts_per_step x rollout.sampling.n = {global_batch}) is smaller than "
+                f"trainer.replicas ({self.trainer.replicas}): each rank needs a sample to train on"
             )
+        t = self.trainer
+        if t.strategy == "fsdp" and self.checkpoint.backend != "dcp":
+            raise ValueError("trainer.strategy fsdp needs checkpoint.backend dcp (sharded snapshots that reshard)")
+        if t.mixed_precision != "none" and t.strategy != "fsdp":
+            raise ValueError("trainer.mixed_precision needs trainer.strategy fsdp (its MixedPrecisionPolicy)")
         return self
 
     def to_json(self) -> str:

@@ -9,10 +9,13 @@ shards. Imported only inside rollout worker actors (heavy imports).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
 
 @dataclass
@@ -39,8 +42,9 @@ class Engine(Protocol):
         """One completion per (prompt, seed) pair, in order."""
         ...
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Replace the policy weights in place; later calls to generate use them."""
+    def load_weights(self, weights: Weights) -> None:
+        """Replace the policy weights in place from a state dict or ``(name, tensor)`` pairs
+        (consumed as they come: see ``transport.fetch``); later calls to generate use them."""
         ...
 
 
@@ -114,11 +118,27 @@ class HFEngine:
             cur = nxt.unsqueeze(1)
         return toks, lps
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state_dict, strict=True)
+    @torch.no_grad()
+    def load_weights(self, weights: Weights) -> None:
+        live = self.model.state_dict()
+        seen: set[str] = set()
+        for name, t in _pairs(weights):
+            if name not in live:
+                raise KeyError(f"load_weights: {name!r} is not a weight of this model")
+            if live[name].shape != t.shape:
+                raise ValueError(f"load_weights: {name} is {list(t.shape)}, the model's is {list(live[name].shape)}")
+            live[name].copy_(t)
+            seen.add(name)
+        missing = sorted(set(live) - seen)
+        if missing:  # a partial update would mix two policy versions
+            raise KeyError(f"load_weights: {len(missing)} weights missing, e.g. {missing[:3]}")
 
 
-def _reload(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+def _pairs(weights: Weights) -> Iterable[tuple[str, torch.Tensor]]:
+    return weights.items() if isinstance(weights, Mapping) else weights
+
+
+def _reload(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     # runs inside vLLM's worker (in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0)
     worker.reload_weights(weights_iterator=iter(weights))
 
@@ -159,8 +179,12 @@ class VLLMEngine:
             result.append(Completion(list(o.prompt_token_ids), ids, lps, c.text))
         return result
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.llm.collective_rpc(_reload, args=(list(state_dict.items()),))
+    def load_weights(self, weights: Weights) -> None:
+        pairs = _pairs(weights)
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            pairs = list(pairs)  # the engine runs in another process: its arguments are pickled
+        # in-process, the iterator is consumed as vLLM loads: one bucket in memory at a time
+        self.llm.collective_rpc(_reload, args=(pairs,))
         self.llm.reset_prefix_cache()
 
 

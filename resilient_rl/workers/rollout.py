@@ -27,6 +27,7 @@ from ..algo.tasks.reward_pool import RewardPool
 from ..spec import JobSpec
 from .engines import Sampling, make_engine
 from .fencing import check_fence
+from .transport import fetch
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +65,12 @@ class RolloutWorker:
             raise
         self.member.update(status="ready", engine_start_s=round(time.monotonic() - t0, 2))
 
-    def load_weights(self, version: int, state_dict: dict[str, Any]) -> int:
-        """Load policy ``version`` in place (between shards). Returns the loaded version."""
+    def load_weights(self, version: int, weights: Any) -> int:
+        """Load policy ``version`` in place (between shards) from its published handle (see
+        ``transport``; a plain state dict works too). Returns the loaded version."""
         if version <= self.version and version != 0:
             return self.version  # already have it (re-sent after a controller failover)
-        self.engine.load_weights(state_dict)
+        self.engine.load_weights(fetch(weights))
         self.version = version
         self.member.update(version=version)
         return version

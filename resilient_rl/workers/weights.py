@@ -19,6 +19,7 @@ class WeightStore:
 
     def __init__(self) -> None:
         self.refs: dict[int, Any] = {}
+        self._buckets: dict[int, list[Any]] = {}  # version -> bucket refs the handle names
 
     def put(self, version: int, state: dict[str, Any]) -> list[Any]:
         import ray
@@ -27,6 +28,25 @@ class WeightStore:
         for v in sorted(self.refs)[:-4]:
             del self.refs[v]
         return [self.refs[version]]  # in a list: the caller borrows the reference, we stay owner
+
+    def put_bucket(self, version: int, bucket: list[Any]) -> list[Any]:
+        """One bucket of a version being published (see ``transport.ObjectStoreTransport``)."""
+        import ray
+
+        ref = ray.put(bucket)
+        self._buckets.setdefault(version, []).append(ref)
+        return [ref]
+
+    def seal(self, version: int, handle: Any) -> list[Any]:
+        """The version's handle (its bucket list), kept like a whole state dict."""
+        import ray
+
+        self.refs[version] = ray.put(handle)
+        for v in sorted(self.refs)[:-4]:
+            del self.refs[v]
+        for v in [v for v in self._buckets if v not in self.refs and v != version]:
+            del self._buckets[v]  # buckets of dropped versions (or of a publish that died half-way)
+        return [self.refs[version]]
 
     def get(self, version: int) -> list[Any] | None:
         """The reference of ``version`` if still kept (in a list: the caller borrows it)."""

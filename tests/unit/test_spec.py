@@ -39,7 +39,10 @@ def test_examples_validate() -> None:
         ({"rollout": {"sampling": {"n": 1}}}, "rollout.sampling.n", "greater than or equal to 2"),
         ({"name": "Bad/Name"}, "name", "invalid job id"),
         ({"stepz": 3}, "stepz", "Extra inputs are not permitted"),
-        ({"trainer": {"replicas": 3}}, "(top level)", "split evenly"),
+        ({"trainer": {"replicas": 100}, "prompts_per_step": 4}, "(top level)", "each rank needs a sample"),
+        ({"trainer": {"strategy": "fsdp"}, "checkpoint": {"backend": "torchsnapshot"}}, "(top level)", "dcp"),
+        ({"trainer": {"mixed_precision": "bf16"}}, "(top level)", "needs trainer.strategy fsdp"),
+        ({"trainer": {"publish_bucket_mb": 0}}, "trainer.publish_bucket_mb", "greater than or equal to 1"),
     ],
 )
 def test_bad_fields_are_named(patch: dict, field: str, why: str) -> None:
