@@ -8,7 +8,6 @@ size or strategy; publish buckets cover every weight once, at the bucket size.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -6,7 +6,6 @@ import pytest
 
 from resilient_rl.workers.train_core import micro_batches, rank_slice
 
-
 # every (batch, world, micro-batch) the spec allows among these: a batch of at least one sample per rank
 CASES = [(t, w, m) for t in (1, 2, 7, 9, 16, 33) for w in (1, 2, 3, 4) for m in (1, 2, 5, 64) if t >= w]
 
