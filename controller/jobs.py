@@ -233,10 +233,21 @@ def cancel(store: Store, job_id: str) -> dict[str, Any]:
     return update_desired(store, job_id, cancel=True)
 
 
-def scale(store: Store, job_id: str, expect: dict[str, int] | None = None, **groups: int) -> dict[str, Any]:
-    """Ask for new group sizes, e.g. ``scale(store, job, rollout=3)``; ``expect`` makes it a
-    compare-and-set (``expect={"rollout": 2}``: only while rollout is still 2)."""
+STRATEGIES = ("ddp", "fsdp")
+
+
+def scale(
+    store: Store, job_id: str, expect: dict[str, int] | None = None, strategy: str | None = None, **groups: int
+) -> dict[str, Any]:
+    """Ask for new group sizes, e.g. ``scale(store, job, rollout=3)``, and/or a new trainer
+    ``strategy`` (applied at the next step boundary, like a trainer resize); ``expect`` makes
+    it a compare-and-set (``expect={"rollout": 2}``: only while rollout is still 2)."""
     for g, n in groups.items():
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{g}: replicas must be a positive integer, got {n!r}")
-    return update_desired(store, job_id, expect=expect, **groups)
+    changes: dict[str, Any] = dict(groups)
+    if strategy is not None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy: want one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        changes["strategy"] = strategy
+    return update_desired(store, job_id, expect=expect, **changes)

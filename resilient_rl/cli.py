@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -35,6 +36,14 @@ app = typer.Typer(
 )
 out = Console()
 err = Console(stderr=True)
+
+
+class Strategy(StrEnum):
+    """Trainer strategies (``trainer.strategy``)."""
+
+    ddp = "ddp"
+    fsdp = "fsdp"
+
 
 EtcdOpt = Annotated[
     str | None,
@@ -601,6 +610,14 @@ def scale(
     job: Annotated[str, typer.Argument(help="Job id.")],
     rollout: Annotated[int | None, typer.Option(min=1, max=1024, help="New rollout worker count.")] = None,
     trainer: Annotated[int | None, typer.Option(min=1, max=1024, help="New trainer world size.")] = None,
+    strategy: Annotated[
+        Strategy | None,
+        typer.Option(
+            help="New trainer strategy: ddp (whole model per rank) or fsdp (sharded, FSDP2). Applied at the "
+            "next step boundary from the newest snapshot + the journal, like --trainer; needs "
+            "checkpoint.backend dcp."
+        ),
+    ] = None,
     expect: Annotated[
         list[str] | None,
         typer.Option(
@@ -611,14 +628,16 @@ def scale(
     etcd: EtcdOpt = None,
     api: ApiOpt = None,
 ) -> None:
-    """Change a job's group sizes (desired state); the leader reconciles toward it.
+    """Change a job's group sizes or trainer strategy (desired state); the leader reconciles toward it.
 
     Prints the desired state as it is after the write: if another `rrl scale` raced this one
     and won, it says so (last writer wins unless --expect is given)."""
     groups = {k: v for k, v in (("rollout", rollout), ("trainer", trainer)) if v is not None}
-    if not groups:
-        fail("give --rollout N and/or --trainer M", 2)
+    if not groups and strategy is None:
+        fail("give --rollout N, --trainer M and/or --strategy S", 2)
     body: dict[str, Any] = dict(groups)
+    if strategy is not None:
+        body["strategy"] = strategy.value
     if expect:
         body["expect"] = {}
         for item in expect:
@@ -628,7 +647,10 @@ def scale(
             body["expect"][g] = int(n)
     res = _call(_api(etcd, api), "POST", _jp(job, "/scale"), body)
     now = res["desired"]
-    out.print(f"{job}: desired now " + ", ".join(f"{g} {now.get(g)}" for g in ("rollout", "trainer")))
+    out.print(f"{job}: desired now " + ", ".join(f"{g} {now.get(g)}" for g in ("rollout", "trainer"))
+              + (f", strategy {now['strategy']}" if now.get("strategy") else ""))  # fmt: skip
+    if strategy is not None and now.get("strategy") != strategy.value:
+        out.print(f"  strategy: you asked {strategy.value}, but another request has set {now.get('strategy')} since")
     for g, n in groups.items():
         if now.get(g) != n:
             out.print(f"  {g}: you asked {n}, but another request has set {now.get(g)} since (use --expect)")

@@ -43,7 +43,9 @@ class Part:
     strategy: str = "ddp"
 
 
-def replay_plan(segments: list[dict[str, Any]], steps: int, world: int, threads: int) -> list[Part]:
+def replay_plan(
+    segments: list[dict[str, Any]], steps: int, world: int, threads: int, strategy: str = "ddp"
+) -> list[Part]:
     """The parts a replay of ``steps`` steps runs, from the job's lineage ``segments``.
 
     A snapshot at step s was written by the segment live when step s-1 was committed: the
@@ -58,7 +60,7 @@ def replay_plan(segments: list[dict[str, Any]], steps: int, world: int, threads:
     seg = segs[-1] if segs else None
     while True:
         if seg is None:  # no record of who made these steps: the spec's settings
-            parts.append(Part(0, end, world, threads))
+            parts.append(Part(0, end, world, threads, strategy))
             break
         start = int(seg["from_step"])
         parts.append(
@@ -102,7 +104,7 @@ def replay_digest(
             segments = jobs.lineage(store, spec.name)
         finally:
             store.close()
-    parts = replay_plan(segments, steps, spec.trainer.replicas, _default_threads())
+    parts = replay_plan(segments, steps, spec.trainer.replicas, _default_threads(), spec.trainer.strategy)
     handoff = Path(tempfile.mkdtemp(prefix="rrl-verify-", dir=job_workdir(spec)))
     state = restore
     digest = ""
@@ -143,7 +145,7 @@ def _run_part(
     env = {"env_vars": {"RRL_WORKER_THREADS": str(part.threads)}}
     ranks: list[Any] = [
         cls.options(num_cpus=spec.trainer.num_cpus, runtime_env=env).remote(
-            member_job, r, part.world, spec.to_json(), model_dir, str(workdir), etcd
+            member_job, r, part.world, spec.to_json(), model_dir, str(workdir), etcd, part.strategy
         )
         for r in range(part.world)
     ]
@@ -155,7 +157,7 @@ def _run_part(
         for j in range(start, part.end):
             ray.get([r.train_step.remote(j, False) for r in ranks])
             progress(j + 1)
-        digest = str(ray.get(ranks[0].digest.remote()))
+        digest = str(ray.get([r.digest.remote() for r in ranks])[0])  # a collective under fsdp
         if handoff is None:
             return digest, None
         ray.get([r.snapshot.remote(str(handoff)) for r in ranks])

@@ -64,6 +64,9 @@ class ScaleRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     rollout: int | None = Field(None, ge=1, le=1024, description="Rollout workers.")
     trainer: int | None = Field(None, ge=1, le=1024, description="Trainer world size.")
+    strategy: Literal["ddp", "fsdp"] | None = Field(
+        None, description="Trainer strategy, applied at the next step boundary (fsdp: sharded, FSDP2)."
+    )
     expect: dict[Literal["rollout", "trainer"], int] | None = Field(
         None,
         description="Compare-and-set: change only while these groups' desired sizes are still these "
@@ -72,8 +75,8 @@ class ScaleRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one(self) -> ScaleRequest:
-        if self.rollout is None and self.trainer is None:
-            raise ValueError("give rollout and/or trainer")
+        if self.rollout is None and self.trainer is None and self.strategy is None:
+            raise ValueError("give rollout, trainer and/or strategy")
         return self
 
 
@@ -409,7 +412,7 @@ def create_app(
         groups = {g: n for g, n in (("rollout", req.rollout), ("trainer", req.trainer)) if n is not None}
         job = keys.check_job_id(job)
         expect = {str(g): n for g, n in req.expect.items()} if req.expect else None
-        written = jobs.scale(store, job, expect=expect, **groups)
+        written = jobs.scale(store, job, expect=expect, strategy=req.strategy, **groups)
         return {"id": job, "written": written, "desired": jobs.read_desired(store, job)}
 
     @app.post(f"{API}/jobs/{{job}}/workers/{{group}}/{{worker}}/kill", tags=["chaos"], dependencies=[Auth])

@@ -64,9 +64,14 @@ class JobContext:
     records: JobRecords
     actors: Actors
     want: Callable[[str], int]  # desired size of a group, as the runner knows it now
+    want_strategy: Callable[[], str] | None = None  # desired trainer strategy (`rrl scale --strategy`)
     stopped: threading.Event = field(default_factory=threading.Event)
     # held by every write and by stop(): once stop() returns no write is under way or can start
     write_lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def strategy(self) -> str:
+        """The trainer strategy the job should run now: ``rrl scale --strategy``, else the spec's."""
+        return self.want_strategy() if self.want_strategy is not None else self.spec.trainer.strategy
 
     def stop(self) -> None:
         """No write of this job's driver after this returns (waits for one under way)."""

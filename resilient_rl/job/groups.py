@@ -208,6 +208,7 @@ class TrainerGroup:
         self.faults = faults
         self.model_dir = model_dir
         self.ranks: list[Any] = []
+        self.strategy = ctx.strategy()  # what the running ranks train under (set by start / adopt)
 
     @property
     def world(self) -> int:
@@ -227,15 +228,17 @@ class TrainerGroup:
         restore, s = choose_restore(c, k)
         t = c.spec.trainer
         placement = Placement(t.num_cpus, t.num_gpus, c.runtime_env())
+        strategy = self.strategy = c.strategy()
         self.ranks = [
             create_fresh(A, "trainer", c.actor_name("trainer", i),
-                         (c.job, i, world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd), placement)
+                         (c.job, i, world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd, strategy),
+                         placement)
             for i in range(world)
         ]  # fmt: skip
         master = A.get(A.call(self.ranks[0], "address"))
         ready = A.get([A.call(r, "setup", master, restore) for r in self.ranks])
         A.get([A.call(r, "adopt", c.token, c.spec.digest()) for r in self.ranks])  # fence them
-        self.ctx.record_lineage(k, {"from_step": s, "snapshot": restore, "world": world, "strategy": "ddp",
+        self.ctx.record_lineage(k, {"from_step": s, "snapshot": restore, "world": world, "strategy": strategy,
                                   "threads": ready[0]["threads"]})  # fmt: skip
         if k == 0:
             return None
@@ -245,7 +248,18 @@ class TrainerGroup:
         for j in range(s, k):
             self.ctx.check_leader()
             out = A.get([A.call(t, "train_step", j, j == k - 1, c.token) for t in self.ranks])[0]
-        return out["weights"] if out is not None else A.get(A.call(self.ranks[0], "publish"))["weights"]
+        return out["weights"] if out is not None else self.publish()
+
+    def publish(self) -> Any:
+        """Publish the current weights; returns the handle. Every rank takes part (under fsdp the
+        weights are gathered from the shards); rank 0's answer carries the handle."""
+        A = self.actors
+        return A.get([A.call(r, "publish") for r in self.ranks])[0]["weights"]
+
+    def digest(self, timeout: float | None = None) -> str:
+        """The weights' digest (rank 0's answer; every rank takes part, see :meth:`publish`)."""
+        A = self.actors
+        return str(A.get([A.call(r, "digest") for r in self.ranks], timeout=timeout)[0])
 
     def adopt(self, k: int, world: int) -> tuple[int, dict[str, Any] | None, Any] | None:
         """Take over ranks left running by a previous leader (or an etcd outage).
@@ -282,17 +296,22 @@ class TrainerGroup:
             self.ctx.check_leader()
             time.sleep(0.2)
         steps = {x["step"] for x in status}
+        strategies = {x.get("strategy", "ddp") for x in status}
+        if strategies != {self.ctx.strategy()}:
+            log.warning("job %s: trainer ranks run %s, the job wants %s: restarting them",
+                        self.ctx.job, sorted(strategies), self.ctx.strategy())  # fmt: skip
+            return None
         if len(steps) != 1 or {x["world"] for x in status} != {world} or not steps <= {k, k + 1}:
             log.warning("job %s: trainer ranks at steps %s (world %s), etcd says %d: restarting them",
                         self.ctx.job, sorted(steps), sorted({x["world"] for x in status}), k)  # fmt: skip
             return None
         s = steps.pop()
-        self.ranks = found
+        self.ranks, self.strategy = found, strategies.pop()
         weights = None
         if s > 0:
             ws = A.find(self.ctx.actor_name("weights", 0))
             kept = A.get(A.call(ws, "get", s)) if ws is not None else None
-            weights = kept[0] if kept else A.get(A.call(self.ranks[0], "publish"))["weights"]
+            weights = kept[0] if kept else self.publish()
         return s, status[0]["last"], weights
 
     def start_retrying(self, k: int, world: int) -> Any:

@@ -95,7 +95,7 @@ class JobRunner:
         self._connected = False  # to Ray: nothing to kill before
         # everything the driver's parts read, made before the thread starts
         self.ctx = JobContext(self.job, self.spec, self.token, self.workdir, etcd, controller, self.actors,
-                              want=self._want, stopped=self._stop)  # fmt: skip
+                              want=self._want, want_strategy=self._strategy, stopped=self._stop)  # fmt: skip
         self.faults = FaultPolicy(self.ctx)
         self.committer = StepCommitter(self.ctx)
         self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
@@ -108,7 +108,10 @@ class JobRunner:
             self.resume_asked = True
         if self.autoscaler is not None and rec.desired.get("rollout") != self.desired.get("rollout"):
             self.autoscaler.reset(int(rec.desired["rollout"]), time.monotonic())  # an operator's `rrl scale`
-        self.desired = dict(rec.desired)  # read by the loop: group sizes (rrl scale)
+        strategy = rec.desired.get("strategy")
+        if strategy != self.desired.get("strategy") and (why := _strategy_refusal(self.spec, strategy)):
+            self.ctx.event(Kind.SCALE, f"trainer strategy {strategy} refused: {why}", refused=True)
+        self.desired = dict(rec.desired)  # read by the loop: group sizes and strategy (rrl scale)
         return None  # the runner thread writes its own (fenced) state
 
     @property
@@ -147,7 +150,6 @@ class JobRunner:
             self._finish("FAILED", describe_error(e))
 
     def _run(self) -> None:
-        A = self.actors
         state = self.ctx.read_state()
         k = int(state.get("step", 0))
         self.faults.load(state)  # faults a previous leader detected that no commit has followed yet
@@ -165,7 +167,7 @@ class JobRunner:
         if self._stop.is_set():
             return
         snaps.poll(block=True)
-        digest = A.get(A.call(self.trainers.ranks[0], "digest"), timeout=max(60.0, self.spec.fault.hang_timeout))
+        digest = self.trainers.digest(timeout=max(60.0, self.spec.fault.hang_timeout))
         self.ctx.update_state(weights_digest=digest)
         self._kill_workers()
         self._finish("SUCCEEDED", None)
@@ -306,11 +308,13 @@ class JobRunner:
         self.version, self.weights = k + 1, results[0]["weights"]
         self.committer.hand_off(self.version, self.weights, self.rollouts)
         snaps.maybe_start(k + 1)
-        want = self._want("trainer")
-        if want != self.trainers.world and k + 1 < self.spec.steps:
+        want, strategy = self._want("trainer"), self._strategy()
+        if (want != self.trainers.world or strategy != self.trainers.strategy) and k + 1 < self.spec.steps:
             snaps.poll(block=True)
-            w = self.trainers.restart(k + 1, want, f"world size {self.trainers.world} -> {want} requested",
-                                      cause="scale", resize=True)  # fmt: skip
+            change = [f"world size {self.trainers.world} -> {want}"] if want != self.trainers.world else []
+            if strategy != self.trainers.strategy:
+                change.append(f"strategy {self.trainers.strategy} -> {strategy}")
+            w = self.trainers.restart(k + 1, want, f"{', '.join(change)} requested", cause="scale", resize=True)
             self.weights = w if w is not None else self.weights
             snaps = SnapshotFlow(self.ctx, self.trainers)
         self.faults.committed(k)
@@ -372,6 +376,13 @@ class JobRunner:
         self.ctx.event(Kind.TRAINER_HANG, f"a train step made no progress for {took:.1f}s (limit {limit:.1f}s): "
                      "a trainer rank is frozen or deadlocked", detection_s=round(took, 2), group="trainer")  # fmt: skip
         return f"trainer step hung for {took:.0f}s"
+
+    def _strategy(self) -> str:
+        """The trainer strategy wanted now (``rrl scale --strategy`` writes it; the spec gives the start).
+        fsdp needs sharded snapshots (checkpoint.backend dcp): asked of a job without, it is refused
+        (an event says so at the request, see :meth:`reconcile`) and the spec's strategy stays."""
+        want = str(self.desired.get("strategy") or self.spec.trainer.strategy)
+        return want if _strategy_refusal(self.spec, want) is None else self.spec.trainer.strategy
 
     def _want(self, group: str) -> int:
         """Desired size of a group (``rrl scale`` writes it; the spec gives the start)."""
@@ -447,6 +458,17 @@ class JobRunner:
                 except Exception as e:  # the kill below is what matters
                     log.info("shutdown of %s/%d failed: %s", g, i, e)
                 A.kill(actor)
+
+
+def _strategy_refusal(spec: JobSpec, strategy: Any) -> str | None:
+    """Why the job cannot train under ``strategy`` (None: it can, or none was asked)."""
+    if strategy is None:
+        return None
+    if strategy not in ("ddp", "fsdp"):
+        return f"unknown strategy {strategy!r} (ddp or fsdp)"
+    if strategy == "fsdp" and spec.checkpoint.backend != "dcp":
+        return f"fsdp needs checkpoint.backend dcp for sharded snapshots; this job uses {spec.checkpoint.backend}"
+    return None
 
 
 def _task_facts(spec_json: str) -> tuple[int, int]:

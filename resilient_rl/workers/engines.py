@@ -51,11 +51,12 @@ class Engine(Protocol):
 class HFEngine:
     """transformers model with a small sampling loop (per-row torch generators, KV cache)."""
 
-    def __init__(self, model_dir: str, dtype: str = "float32") -> None:
+    def __init__(self, model_dir: str, dtype: str = "float32", device: str = "cpu") -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        self.device = torch.device(device)  # the model's; sampling (per-row CPU generators) stays on the CPU
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device)
         self.model.eval()
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
@@ -88,11 +89,11 @@ class HFEngine:
         toks: list[list[int]] = [[] for _ in range(b)]
         lps: list[list[float]] = [[] for _ in range(b)]
         past = None
-        cur = ids
+        cur = ids.to(self.device)
         for _ in range(s.max_tokens):
             o = self.model(input_ids=cur, past_key_values=past, use_cache=True)
             past = o.past_key_values
-            logits = o.logits[:, -1, :].float()
+            logits = o.logits[:, -1, :].float().cpu()
             logp = torch.log_softmax(logits, dim=-1)  # logprobs of the unscaled policy (as vLLM reports)
             nxt = torch.empty(b, dtype=torch.long)
             for r in range(b):
@@ -115,7 +116,7 @@ class HFEngine:
                     done[r] = True
             if all(done):
                 break
-            cur = nxt.unsqueeze(1)
+            cur = nxt.unsqueeze(1).to(self.device)
         return toks, lps
 
     @torch.no_grad()
@@ -127,7 +128,7 @@ class HFEngine:
                 raise KeyError(f"load_weights: {name!r} is not a weight of this model")
             if live[name].shape != t.shape:
                 raise ValueError(f"load_weights: {name} is {list(t.shape)}, the model's is {list(live[name].shape)}")
-            live[name].copy_(t)
+            live[name].copy_(t)  # to the model's device
             seen.add(name)
         missing = sorted(set(live) - seen)
         if missing:  # a partial update would mix two policy versions

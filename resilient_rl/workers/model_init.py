@@ -19,7 +19,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tokenizers import pre_tokenizers
@@ -28,7 +28,9 @@ from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2T
 from checkpoints.journal import fsync_dir
 
 from ..naming import MODEL_MARKER
-from ..spec import TinyModelInit
+
+if TYPE_CHECKING:  # the model is built from any object with these fields (bench/gpu_check.py has no pydantic)
+    from ..spec import TinyModelInit
 
 EOS = "<eos>"
 #: The one special token, id 0; characters follow. Padding reuses it (masked out anyway):

@@ -127,9 +127,18 @@ class FakeTrainer:
     _script: Script
 
     def __init__(
-        self, job: str, rank: int, world: int, spec_json: str, model_dir: str, workdir: str, etcd: str
+        self,
+        job: str,
+        rank: int,
+        world: int,
+        spec_json: str,
+        model_dir: str,
+        workdir: str,
+        etcd: str,
+        strategy: str | None = None,
     ) -> None:
         self.rank, self.world = rank, world
+        self.strategy = strategy or "ddp"
         self.journal = Journal(Path(workdir) / "journal")
         self.serial = next(_serial)
         self.step = 0
@@ -157,7 +166,7 @@ class FakeTrainer:
         if restore:
             state = json.loads((Path(restore) / f"rank{self.rank}.json").read_text())
             self.step, self.applied = state["step"], state["applied"]
-        return {"rank": self.rank, "step": self.step, "digest": self.digest(), "threads": 1}
+        return {"rank": self.rank, "step": self.step, "digest": self.digest(), "threads": 1, "strategy": self.strategy}
 
     @ray.method(concurrency_group="control")
     def adopt(self, token: int, spec_digest: str) -> dict[str, Any]:
@@ -165,7 +174,7 @@ class FakeTrainer:
         self.fence = token
         busy = self.training is not None
         return {"rank": self.rank, "world": self.world, "step": self.step, "pid": self.serial,
-                "last": None if busy else self.last, "busy": busy}  # fmt: skip
+                "last": None if busy else self.last, "busy": busy, "strategy": self.strategy}  # fmt: skip
 
     def train_step(self, step: int, publish: bool = True, token: int = 0) -> dict[str, Any]:
         check_fence(self.fence, token, f"train step {step}")

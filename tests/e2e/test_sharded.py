@@ -1,0 +1,103 @@
+"""The sharded trainer (FSDP2) in real jobs: vLLM rollouts, resharding resumes, a strategy change.
+
+Shares the session's platform. The arithmetic checks (world sizes, strategies, restores
+bit for bit) are in tests/integration/test_sharded_trainer.py; here the job runs through
+the driver, the weight store's bucketed publish and ``rrl verify``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpoints.journal import Journal
+from controller import events, jobs
+from tests.conftest import run_rrl
+from tests.e2e.conftest import LivePlatform
+from tests.e2e.test_rl_job import _spec, _wait_event, _wait_step
+
+
+def _segments(platform: LivePlatform, job: str) -> list[dict[str, Any]]:
+    return jobs.lineage(platform.store, job)
+
+
+def _verify(platform: LivePlatform, job: str) -> str:
+    r = run_rrl("verify", job, "--etcd", platform.data["etcd"], timeout=600)
+    assert r.returncode == 0 and "match" in r.stdout and "mismatch" not in r.stdout, r.stdout + r.stderr
+    return r.stdout
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_fsdp_job_with_vllm_shrinks_2_to_1_and_verifies(platform: LivePlatform, tmp_path: Path) -> None:
+    """FSDP world 2 with a vLLM engine (weights published from the shards in buckets small
+    enough to need several), resharded 2 -> 1 mid-job from a sharded snapshot; the job
+    succeeds and the replay of its two segments gives its weights bit for bit."""
+    work = tmp_path / "fsdp"
+    steps = 8
+    job = platform.submit(_spec("e2e-fsdp", work, steps=steps, rollout={"engine": "vllm"},
+                                trainer={"replicas": 2, "strategy": "fsdp", "publish_bucket_mb": 1},
+                                checkpoint={"dir": str(work), "every": 2}))  # fmt: skip
+    _wait_step(platform, job, 3, timeout=400)
+    jobs.scale(platform.store, job, trainer=1)
+    rec = platform.wait(job)
+    assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+    assert rec.state["step"] == steps and rec.state["policy_version"] == steps
+    segs = _segments(platform, job)
+    assert [(s["world"], s["strategy"]) for s in segs] == [(2, "fsdp"), (1, "fsdp")], segs
+    assert segs[1]["from_step"] > 0  # restored from a snapshot the two shards wrote, not from the start
+    msgs = [e["message"] for e in events.read(platform.store, job, limit=1000) if e["kind"] == "trainer_restart"]
+    assert any("world size 2 -> 1" in m for m in msgs), msgs
+    out = _verify(platform, job)
+    assert "at world 2" in out and "at world 1" in out and "fsdp" in out, out
+
+
+def test_ddp_job_switches_to_fsdp_mid_run_within_the_stated_tolerance(platform: LivePlatform, tmp_path: Path) -> None:
+    """`rrl scale --strategy fsdp --trainer 2` on a DDP world-1 job: the group restarts sharded
+    from the DDP snapshot at a step boundary and the job goes on. The replay follows the
+    lineage exactly; against an all-DDP run of the same journal the weights differ only by
+    the reduction order (1e-5 relative over the whole model, the bound the arithmetic test states)."""
+    from tests.helpers import dist_run
+    from tests.helpers.sharded_ops import script
+
+    work = tmp_path / "switch"
+    steps = 10
+    job = platform.submit(_spec("e2e-switch", work, steps=steps, trainer={"replicas": 1},
+                                checkpoint={"dir": str(work), "every": 2}))  # fmt: skip
+    _wait_step(platform, job, 3)
+    r = run_rrl("scale", job, "--strategy", "fsdp", "--trainer", "2", "--etcd", platform.data["etcd"])
+    assert r.returncode == 0 and "strategy fsdp" in r.stdout, r.stdout + r.stderr
+    _wait_event(platform, job, "trainer_recovered")
+    rec = platform.wait(job)
+    assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+    segs = _segments(platform, job)
+    assert [(s["world"], s["strategy"]) for s in segs] == [(1, "ddp"), (2, "fsdp")], segs
+    msgs = [e["message"] for e in events.read(platform.store, job, limit=1000) if e["kind"] == "trainer_restart"]
+    assert any("strategy ddp -> fsdp" in m for m in msgs), msgs
+    out = _verify(platform, job)
+    assert "ddp" in out and "fsdp" in out, out
+
+    # the job's chain again, outside the job, then all of it under DDP: the tolerance of the switch
+    journal = Journal(work / "journal")
+    batches = [journal.read_batch(k) for k in range(steps)]
+    from resilient_rl.spec import JobSpec
+
+    spec = JobSpec.model_validate(rec.spec)
+    model_dir = str(work / "model")  # the job's workdir is checkpoint.dir: its model was made there
+    s = int(segs[1]["from_step"])
+    snap = str(tmp_path / "handover")
+    first = [("build", "ddp"), *[("train", k) for k in range(s)], ("save", snap)]
+    dist_run.run(1, script, spec.to_json(), model_dir, batches, first)
+    chain = dist_run.run(2, script, spec.to_json(), model_dir, batches,
+                         [("build", "fsdp"), ("load", snap), *[("train", k) for k in range(s, steps)],
+                          ("record", "end")])[0]  # fmt: skip
+    assert chain["end"]["digest"] == rec.state["weights_digest"]  # the harness reproduces the job
+    ddp = dist_run.run(1, script, spec.to_json(), model_dir, batches,
+                       [("build", "ddp"), *[("train", k) for k in range(steps)], ("record", "end")])[0]  # fmt: skip
+    a, b = chain["end"]["weights"], ddp["end"]["weights"]
+    diff = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a) ** 0.5
+    norm = sum(float(b[k].double().pow(2).sum()) for k in b) ** 0.5
+    assert chain["end"]["digest"] != ddp["end"]["digest"]  # the switch is not bit-exact: the check is real
+    assert diff / norm <= 1e-5, f"DDP -> FSDP differs from all-DDP by {diff / norm:.3g} relative"
