@@ -10,6 +10,7 @@ options). Every section prints its tables and writes ``bench/results/<section>.j
   recovery      MTTR per fault kind and ETTR from chaos soaks at one fault per 30 s and per 60 s
   scale         controller + etcd with 1,000 / 5,000 simulated workers: detection p50/p99, CPU, req/s
   cli           `rrl --help` start-up time
+  sharded       DDP vs FSDP2 at world 2, ~105M params: peak memory per rank, step time, publish time
 
 `make bench` runs `all` (about two hours on 2 cores); figures go into BENCHMARKS.md by hand.
 """
@@ -28,6 +29,7 @@ SECTIONS = {
     "recovery": "bench.recovery",
     "scale": "bench.controller_scale",
     "cli": "bench.cli_startup",
+    "sharded": "bench.sharded",
 }
 
 

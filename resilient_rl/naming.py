@@ -26,3 +26,12 @@ def job_workdir(spec: JobSpec) -> Path:
     from .local import rrl_home
 
     return Path(spec.checkpoint.dir) if spec.checkpoint.dir else rrl_home() / "jobs" / spec.name
+
+
+# The environment of a trainer rank's process (set before it starts: glibc reads it once).
+# glibc serves allocations below its mmap threshold from the heap, and that threshold adapts
+# upward to the largest block freed (up to 32 MiB): FSDP's per-layer all-gather buffers and
+# autograd's temporaries are that size, so a rank's freed blocks stay resident. Measured at
+# 105M parameters, world 2: 2.6 GB RSS per rank without it, 1.4 GB with (the tensors held
+# are 0.8 GB). A fixed 1 MiB threshold returns every larger block to the system on free.
+TRAINER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}

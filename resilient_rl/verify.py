@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .naming import NAMESPACE, job_workdir
+from .naming import NAMESPACE, TRAINER_ENV, job_workdir
 from .spec import JobSpec
 
 
@@ -142,7 +142,7 @@ def _run_part(
     model_dir = spec.model.path or str(workdir / "model")
     member_job = f"verify-{spec.name}"[:63].rstrip("-")
     cls = trainer_actor()
-    env = {"env_vars": {"RRL_WORKER_THREADS": str(part.threads)}}
+    env = {"env_vars": {**TRAINER_ENV, "RRL_WORKER_THREADS": str(part.threads)}}
     ranks: list[Any] = [
         cls.options(num_cpus=spec.trainer.num_cpus, runtime_env=env).remote(
             member_job, r, part.world, spec.to_json(), model_dir, str(workdir), etcd, part.strategy

@@ -25,6 +25,7 @@ from typing import Any
 from controller.events import Kind
 
 from ..errors import describe_error
+from ..naming import TRAINER_ENV
 from .actors import Placement, actor_died, create_fresh, unreachable
 from .context import JobContext
 from .faults import FaultPolicy
@@ -227,7 +228,9 @@ class TrainerGroup:
         A.get(A.call(store, "ping"))
         restore, s = choose_restore(c, k)
         t = c.spec.trainer
-        placement = Placement(t.num_cpus, t.num_gpus, c.runtime_env())
+        env = c.runtime_env()
+        env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
+        placement = Placement(t.num_cpus, t.num_gpus, env)
         strategy = self.strategy = c.strategy()
         self.ranks = [
             create_fresh(A, "trainer", c.actor_name("trainer", i),

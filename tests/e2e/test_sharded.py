@@ -59,7 +59,7 @@ def test_ddp_job_switches_to_fsdp_mid_run_within_the_stated_tolerance(platform: 
     from the DDP snapshot at a step boundary and the job goes on. The replay follows the
     lineage exactly; against an all-DDP run of the same journal the weights differ only by
     the reduction order (1e-5 relative over the whole model, the bound the arithmetic test states)."""
-    from tests.helpers import dist_run
+    from resilient_rl.workers import local_group
     from tests.helpers.sharded_ops import script
 
     work = tmp_path / "switch"
@@ -89,12 +89,12 @@ def test_ddp_job_switches_to_fsdp_mid_run_within_the_stated_tolerance(platform: 
     s = int(segs[1]["from_step"])
     snap = str(tmp_path / "handover")
     first = [("build", "ddp"), *[("train", k) for k in range(s)], ("save", snap)]
-    dist_run.run(1, script, spec.to_json(), model_dir, batches, first)
-    chain = dist_run.run(2, script, spec.to_json(), model_dir, batches,
+    local_group.run(1, script, spec.to_json(), model_dir, batches, first)
+    chain = local_group.run(2, script, spec.to_json(), model_dir, batches,
                          [("build", "fsdp"), ("load", snap), *[("train", k) for k in range(s, steps)],
                           ("record", "end")])[0]  # fmt: skip
     assert chain["end"]["digest"] == rec.state["weights_digest"]  # the harness reproduces the job
-    ddp = dist_run.run(1, script, spec.to_json(), model_dir, batches,
+    ddp = local_group.run(1, script, spec.to_json(), model_dir, batches,
                        [("build", "ddp"), *[("train", k) for k in range(steps)], ("record", "end")])[0]  # fmt: skip
     a, b = chain["end"]["weights"], ddp["end"]["weights"]
     diff = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a) ** 0.5

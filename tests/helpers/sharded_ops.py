@@ -1,4 +1,4 @@
-"""A small script language for trainer-core runs under ``dist_run.run`` (each rank runs it).
+"""A small script language for trainer-core runs under ``local_group.run`` (each rank runs it).
 
 ``ops`` is a list of tuples, run in order on every rank:
 

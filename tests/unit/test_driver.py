@@ -258,6 +258,31 @@ def test_a_trainer_resize_is_no_fault(tmp_path: Path) -> None:
     assert all(not w.get("open_faults") for w in job.c.writes if "open_faults" in w)
 
 
+def test_a_strategy_change_restarts_the_trainer_under_it_at_a_step_boundary(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=6, checkpoint={"every": 1})
+    runner = job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 2)
+    job.desired = {"strategy": "fsdp"}
+    runner.reconcile(job.record())
+    assert job.finish() == "SUCCEEDED"
+    (restart,) = job.events("trainer_restart")
+    assert "strategy ddp -> fsdp" in restart["message"] and restart["resize"] is True
+    segments = [job.c.lineage[k] for k in sorted(job.c.lineage)]
+    assert [s["strategy"] for s in segments] == ["ddp", "fsdp"]
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5"  # no step lost or applied twice across the switch
+
+
+def test_fsdp_asked_of_a_job_without_sharded_snapshots_is_refused_with_an_event(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=4, checkpoint={"backend": "torchsnapshot"})
+    runner = job.lead()
+    job.desired = {"strategy": "fsdp"}
+    runner.reconcile(job.record())
+    assert job.finish() == "SUCCEEDED"
+    (refusal,) = [e for e in job.events("scale") if e.get("refused")]
+    assert "fsdp needs checkpoint.backend dcp" in refusal["message"]
+    assert {s["strategy"] for s in job.c.lineage.values()} == {"ddp"} and not job.events("trainer_restart")
+
+
 def test_a_shard_beyond_the_staleness_bound_fails_the_job(tmp_path: Path) -> None:
     job = Job(tmp_path, steps=4, prompts_per_step=2, rollout={"replicas": 1}, **{"async": {"max_staleness": 0}})
     # a complete batch for step 2 made by policy v0 (a journal left from before): never trained

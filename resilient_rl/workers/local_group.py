@@ -1,9 +1,10 @@
-"""Run a function on ``world`` real processes joined in one gloo process group (no Ray).
+"""Run a function on ``world`` local processes joined in one gloo process group (no Ray).
 
-For tests of the trainer's core (DDP and FSDP2 over gloo on the CPU): each rank runs
-``fn(rank, world, *args)`` in a spawned process; rank results come back in rank order, and
-a rank that raised or died fails the call with its traceback. Processes are this test's
-own children, ended by PID on timeout.
+What the trainer's core needs to run sharded without the job around it: the tests of its
+arithmetic (DDP and FSDP2 over gloo on the CPU) and ``python -m bench sharded``. Each rank
+runs ``fn(rank, world, *args)`` in a spawned process (``fn`` importable by name); rank
+results come back in rank order, and a rank that raised or died fails the call with its
+traceback. The processes are the caller's children, killed by handle on timeout.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient_rl.local import free_port
+from resilient_rl.naming import TRAINER_ENV
 
 
 def _entry(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -47,8 +49,17 @@ def run(world: int, fn: Callable[..., Any], *args: Any, timeout: float = 600) ->
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="rrl-dist-") as out:
         procs = [ctx.Process(target=_entry, args=(r, world, port, out, fn, args), daemon=True) for r in range(world)]
-        for p in procs:
-            p.start()
+        saved = {k: os.environ.get(k) for k in TRAINER_ENV}
+        os.environ.update(TRAINER_ENV)  # the children start with it, as the job's ranks do
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         try:
             for p in procs:
                 p.join(timeout)

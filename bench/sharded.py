@@ -1,0 +1,158 @@
+"""The sharded trainer's costs: memory per rank, step time and publish time, DDP vs FSDP2.
+
+.venv/bin/python -m bench sharded [--repeats 2] [--steps 3]
+
+World 2 on this machine's CPU (gloo, one torch thread per rank), a randomly initialised
+Qwen2-shape model of ~105M parameters (hidden 768, 14 layers) with AdamW, 2 prompts x 4
+samples per step. Each repeat runs DDP and then FSDP, each in a fresh pair of processes
+(the product's ``TrainCore``, started by ``resilient_rl.workers.local_group``), and measures
+per rank:
+
+- *peak memory above baseline*: the process's peak RSS (``ru_maxrss``) minus its RSS after
+  the imports, before the model is built; the largest of the two ranks;
+- *step time*: seconds per ``TrainCore.train`` after the first step (warm-up);
+- *publish*: seconds for rank 0 to get the whole weights as buckets (``TrainCore.buckets``,
+  ``trainer.publish_bucket_mb`` 64: under FSDP an all-gather per tensor), against the memcpy
+  floor, one copy of that many bytes on this machine. (Putting the buckets into Ray's object
+  store is the same for both strategies: ``python -m bench weight-sync`` measures it.)
+
+Results go to ``bench/results/sharded.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import fmt, machine_line, save, table
+
+BIG = {"hidden_size": 768, "num_layers": 14, "num_heads": 12, "num_kv_heads": 4, "intermediate_size": 2560}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _batches(steps: int, vocab: int) -> list[list[dict[str, Any]]]:
+    rng = random.Random(0)
+    out = []
+    for _ in range(steps):
+        batch = []
+        for p in range(2):
+            prompt = [rng.randrange(3, vocab) for _ in range(8)]
+            for i in range(4):
+                batch.append(
+                    {
+                        "prompt_index": p,
+                        "sample": i,
+                        "prompt_ids": prompt,
+                        "version": 0,
+                        "reward": rng.random(),
+                        "token_ids": [rng.randrange(3, vocab) for _ in range(16)],
+                    }
+                )
+        out.append(batch)  # fmt: skip
+    return out
+
+
+def measure(rank: int, world: int, spec_json: str, model_dir: str, strategy: str, steps: int) -> dict[str, Any]:
+    """One rank's figures (runs in a process of ``local_group``)."""
+    import torch
+    import transformers  # noqa: F401  (in the baseline: both strategies import it)
+
+    from resilient_rl.algo.tasks import VOCAB_CHARS
+    from resilient_rl.spec import JobSpec
+    from resilient_rl.workers.model_init import build_vocab
+    from resilient_rl.workers.train_core import TrainCore
+
+    base = _rss()
+    spec = JobSpec.model_validate_json(spec_json)
+    core = TrainCore(spec, model_dir, rank, world, strategy)
+    batches = _batches(steps, len(build_vocab(VOCAB_CHARS)))
+    times = []
+    for b in batches:
+        t0 = time.perf_counter()
+        core.train(b)
+        times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    size = sum(t.numel() * t.element_size() for bucket in core.buckets(64 << 20) for _, t in bucket)
+    publish = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base  # before the floor's own buffers
+    floor = None
+    if rank == 0:
+        src = torch.ones(size // 4, dtype=torch.float32)
+        dst = torch.empty_like(src)
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            runs.append(time.perf_counter() - t0)
+        floor = min(runs)
+    params = sum(p.numel() for p in core.module.parameters()) if strategy == "ddp" else None
+    return {"peak_bytes": peak, "step_s": times[1:] or times, "publish_s": publish, "floor_s": floor,
+            "bytes": size, "params": params}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="DDP vs FSDP2 memory, step time and publish time (see the module doc)")
+    ap.add_argument("--repeats", type=int, default=2, help="fresh DDP + FSDP process pairs (default 2)")
+    ap.add_argument("--steps", type=int, default=3, help="train steps per run; the first is warm-up (default 3)")
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.steps < 2:
+        print("--repeats >= 1 and --steps >= 2", file=sys.stderr)
+        return 2
+    from resilient_rl.algo.tasks import VOCAB_CHARS
+    from resilient_rl.spec import parse_spec
+    from resilient_rl.workers import local_group
+    from resilient_rl.workers.model_init import make_tiny_model
+
+    spec = parse_spec({"name": "bench-sharded", "model": {"init": BIG}, "prompts_per_step": 2,
+                       "rollout": {"sampling": {"n": 4}}, "trainer": {"micro_batch": 4, "lr": 1e-4}})  # fmt: skip
+    assert spec.model.init is not None
+    runs: dict[str, list[list[dict[str, Any]]]] = {"ddp": [], "fsdp": []}
+    with tempfile.TemporaryDirectory(prefix="rrl-bench-sharded-") as tmp:
+        model_dir = str(make_tiny_model(Path(tmp) / "model", spec.model.init, VOCAB_CHARS))
+        for rep in range(args.repeats):
+            for strategy in ("ddp", "fsdp"):
+                ranks = local_group.run(2, measure, spec.to_json(), model_dir, strategy, args.steps, timeout=900)
+                runs[strategy].append(ranks)
+                r0 = ranks[0]
+                print(f"  rep {rep} {strategy}: peak {max(r['peak_bytes'] for r in ranks) / 2**30:.2f} GiB/rank, "
+                      f"step {min(r0['step_s']):.2f} s, publish {r0['publish_s']:.2f} s", flush=True)  # fmt: skip
+    params = runs["ddp"][0][0]["params"]
+    peak = {s: [max(r["peak_bytes"] for r in ranks) / 2**30 for ranks in runs[s]] for s in runs}
+    step = {s: [sum(ranks[0]["step_s"]) / len(ranks[0]["step_s"]) for ranks in runs[s]] for s in runs}
+    pub = {s: [ranks[0]["publish_s"] for ranks in runs[s]] for s in runs}
+    floor = [ranks[0]["floor_s"] for s in runs for ranks in runs[s]]
+    ratio_mem = [f / d for f, d in zip(peak["fsdp"], peak["ddp"], strict=True)]
+    ratio_step = [f / d for f, d in zip(step["fsdp"], step["ddp"], strict=True)]
+    ratio_pub = [p / fl for p, fl in zip(pub["fsdp"], floor[args.repeats :], strict=True)]
+    print(f"\n{machine_line()}\n{params / 1e6:.1f}M parameters + AdamW, world 2, {args.repeats} repeat(s)\n")
+    print(table(["", "DDP", "FSDP", "FSDP / DDP"], [
+        ["peak memory above baseline, GiB per rank", fmt(peak["ddp"]), fmt(peak["fsdp"]), fmt(ratio_mem)],
+        ["step time, s", fmt(step["ddp"]), fmt(step["fsdp"]), fmt(ratio_step)],
+        ["whole weights to rank 0 in buckets, s", fmt(pub["ddp"], 3), fmt(pub["fsdp"], 3), fmt(
+            [f / d for f, d in zip(pub["fsdp"], pub["ddp"], strict=True)])],
+    ]))  # fmt: skip
+    print(f"\nmemcpy floor of the {runs['ddp'][0][0]['bytes'] / 2**20:.0f} MiB of weights: {fmt(floor, 3)} s; "
+          f"FSDP publish / floor: {fmt(ratio_pub)}")  # fmt: skip
+    save(
+        "sharded",
+        {
+            "params": params,
+            "runs": runs,
+            "peak_gib": peak,
+            "step_s": step,
+            "publish_s": pub,
+            "floor_s": floor,
+            "ratios": {"memory": ratio_mem, "step": ratio_step, "publish": ratio_pub},
+        },
+    )
+    return 0
