@@ -17,6 +17,11 @@ per rank:
   memory (section 3's floor; each published version is a new object). (Putting the buckets into Ray's object
   store is the same for both strategies: ``python -m bench weight-sync`` measures it.)
 
+- *shadow copy*: the blocking part of ``TrainCore.shadow_state`` (staging this rank's part of
+  the state into buffers reused from the copy before, as a rank does after each step; the
+  hand-over to the weight store then runs in a thread), its size per rank, and the blocking
+  part of a DCP ``async_save`` of the same state (its own staging copy).
+
 Results go to ``bench/results/sharded.json``.
 """
 
@@ -63,7 +68,9 @@ def _batches(steps: int, vocab: int) -> list[list[dict[str, Any]]]:
     return out
 
 
-def measure(rank: int, world: int, spec_json: str, model_dir: str, strategy: str, steps: int) -> dict[str, Any]:
+def measure(
+    rank: int, world: int, spec_json: str, model_dir: str, strategy: str, steps: int, snap_dir: str
+) -> dict[str, Any]:
     """One rank's figures (runs in a process of ``local_group``)."""
     import torch
     import transformers  # noqa: F401  (in the baseline: both strategies import it)
@@ -86,6 +93,22 @@ def measure(rank: int, world: int, spec_json: str, model_dir: str, strategy: str
     size = sum(t.numel() * t.element_size() for bucket in core.buckets(64 << 20) for _, t in bucket)
     publish = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base  # before the floor's own buffers
+    # the shadow copy's blocking part (staging into reused buffers, as the rank does after a
+    # step) against the blocking part of an async DCP snapshot of the same state
+    buf: dict[str, Any] = {}
+    shadow = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        buf, _tree = core.shadow_state(buf)
+        shadow.append(time.perf_counter() - t0)
+    shadow_bytes = sum(t.numel() * t.element_size() for t in buf.values())
+    del buf
+    from checkpoints.backends import make_backend
+
+    t0 = time.perf_counter()
+    pending = make_backend("dcp").async_save(core.training_state({"step": core.step}), Path(snap_dir))
+    snap_block = time.perf_counter() - t0
+    pending.wait()
     floor = floor_fresh = None
     if rank == 0:
         src = torch.ones(size // 4, dtype=torch.float32)
@@ -105,7 +128,8 @@ def measure(rank: int, world: int, spec_json: str, model_dir: str, strategy: str
         floor_fresh = min(fresh)
     params = sum(p.numel() for p in core.module.parameters()) if strategy == "ddp" else None
     return {"peak_bytes": peak, "step_s": times[1:] or times, "publish_s": publish, "floor_s": floor,
-            "fresh_floor_s": floor_fresh, "bytes": size, "params": params}  # fmt: skip
+            "fresh_floor_s": floor_fresh, "bytes": size, "params": params, "shadow_s": shadow[1:],
+            "shadow_bytes": shadow_bytes, "snapshot_block_s": snap_block}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = str(make_tiny_model(Path(tmp) / "model", spec.model.init, VOCAB_CHARS))
         for rep in range(args.repeats):
             for strategy in ("ddp", "fsdp"):
-                ranks = local_group.run(2, measure, spec.to_json(), model_dir, strategy, args.steps, timeout=900)
+                snap = str(Path(tmp) / f"snap-{rep}-{strategy}")
+                ranks = local_group.run(2, measure, spec.to_json(), model_dir, strategy, args.steps, snap, timeout=900)
                 runs[strategy].append(ranks)
                 r0 = ranks[0]
                 print(f"  rep {rep} {strategy}: peak {max(r['peak_bytes'] for r in ranks) / 2**30:.2f} GiB/rank, "
@@ -144,12 +169,21 @@ def main(argv: list[str] | None = None) -> int:
     ratio_step = [f / d for f, d in zip(step["fsdp"], step["ddp"], strict=True)]
     ratio_pub = [p / fl for p, fl in zip(pub["fsdp"], floor[args.repeats :], strict=True)]
     ratio_fresh = [p / fl for p, fl in zip(pub["fsdp"], fresh[args.repeats :], strict=True)]
+    shadow = {s: [max(min(r["shadow_s"]) for r in ranks) for ranks in runs[s]] for s in runs}
+    shadow_gib = {s: [max(r["shadow_bytes"] for r in ranks) / 2**30 for ranks in runs[s]] for s in runs}
+    snap_block = {s: [max(r["snapshot_block_s"] for r in ranks) for ranks in runs[s]] for s in runs}
     print(f"\n{machine_line()}\n{params / 1e6:.1f}M parameters + AdamW, world 2, {args.repeats} repeat(s)\n")
     print(table(["", "DDP", "FSDP", "FSDP / DDP"], [
         ["peak memory above baseline, GiB per rank", fmt(peak["ddp"]), fmt(peak["fsdp"]), fmt(ratio_mem)],
         ["step time, s", fmt(step["ddp"]), fmt(step["fsdp"]), fmt(ratio_step)],
         ["whole weights to rank 0 in buckets, s", fmt(pub["ddp"], 3), fmt(pub["fsdp"], 3), fmt(
             [f / d for f, d in zip(pub["fsdp"], pub["ddp"], strict=True)])],
+        ["shadow copy: blocking s per copy (staging, reused buffers)", fmt(shadow["ddp"], 3), fmt(shadow["fsdp"], 3),
+         fmt([f / d for f, d in zip(shadow["fsdp"], shadow["ddp"], strict=True)])],
+        ["shadow copy: GiB per rank", fmt(shadow_gib["ddp"]), fmt(shadow_gib["fsdp"]),
+         fmt([f / d for f, d in zip(shadow_gib["fsdp"], shadow_gib["ddp"], strict=True)])],
+        ["DCP async snapshot: blocking s", fmt(snap_block["ddp"], 3), fmt(snap_block["fsdp"], 3),
+         fmt([f / d for f, d in zip(snap_block["fsdp"], snap_block["ddp"], strict=True)])],
     ]))  # fmt: skip
     mib = runs["ddp"][0][0]["bytes"] / 2**20
     print(
@@ -165,7 +199,11 @@ def main(argv: list[str] | None = None) -> int:
             "step_s": step,
             "publish_s": pub,
             "floor_s": floor,
-            "ratios": {"memory": ratio_mem, "step": ratio_step, "publish": ratio_pub},
+            "fresh_floor_s": fresh,
+            "shadow_s": shadow,
+            "shadow_gib": shadow_gib,
+            "snapshot_block_s": snap_block,
+            "ratios": {"memory": ratio_mem, "step": ratio_step, "publish": ratio_pub, "publish_fresh": ratio_fresh},
         },
     )
     return 0

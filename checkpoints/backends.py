@@ -397,3 +397,13 @@ def apply_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def flatten_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str]:
+    """``state``'s tensors by escaped path and the JSON tree of the rest (what a backend writes)."""
+    return _flatten(state)
+
+
+def apply_state_tree(state: dict[str, Any], tree: str) -> None:
+    """Put the non-tensor leaves of a :func:`flatten_state` tree back into ``state`` (in place)."""
+    _apply_tree(state, json.loads(tree))

@@ -194,6 +194,22 @@ def retained(committed_steps: Iterable[int], keep: int) -> set[int]:
     return set(sorted(set(committed_steps))[-keep:])
 
 
+def _rmtree(p: Path) -> None:
+    """``shutil.rmtree`` that lets files vanish under it: another process may be writing into
+    the folder (a deposed leader's rank renaming its manifest's temporary file) or removing
+    it too (two leaders' retention at a take-over). Seen as a job failing with
+    ``FileNotFoundError: .MANIFEST.json.*.tmp`` in the driver tests."""
+    for attempt in range(5):
+        try:
+            shutil.rmtree(p)
+            return
+        except OSError:  # FileNotFoundError: a file went meanwhile; ENOTEMPTY: one appeared
+            if not p.exists():
+                return
+            if attempt == 4:
+                raise
+
+
 def collect_garbage(root: str | Path, keep_steps: set[int]) -> list[Path]:
     """Remove every snapshot folder under ``root`` whose step is not in ``keep_steps``
     (committed or not); return the removed folders. Never touches a folder in
@@ -209,10 +225,13 @@ def collect_garbage(root: str | Path, keep_steps: set[int]) -> list[Path]:
         if step in keep_steps:
             continue
         manifest = p / MANIFEST
-        if manifest.exists():
-            manifest.unlink()
-            fsync_dir(p)
-        shutil.rmtree(p)
+        try:
+            if manifest.exists():
+                manifest.unlink(missing_ok=True)
+                fsync_dir(p)
+        except FileNotFoundError:
+            pass  # the folder went meanwhile
+        _rmtree(p)
         removed.append(p)
     if removed:
         fsync_dir(Path(root))

@@ -56,6 +56,7 @@ class Kind(StrEnum):
     ADOPTED = "adopted"
     COMMIT_RECOVERED = "commit_recovered"
     REPLAY = "replay"
+    SHADOW_RESTORED = "shadow_restored"  # a restart took the in-memory shadow copy, not a snapshot
     # scaling and snapshots
     SCALE = "scale"
     AUTOSCALE = "autoscale"

@@ -300,6 +300,17 @@ class TrainerSpec(_Section):
         description="Weights are gathered from the ranks and published to the rollout engines in "
         "buckets of about this size (MB), never as a second full copy on one rank.",
     )
+    shadow_every: int = Size(
+        1,
+        ge=0,
+        le=_STEPS_MAX,
+        why="at most steps",
+        description="Every N steps each rank copies its part of the trainer state (model, optimizer, "
+        "RNG, step) into memory of another process (the job's weight store actor) in the background; "
+        "a restarted group restores the newest complete copy instead of a disk snapshot when it is "
+        "newer, so it replays at most N steps. Costs one copy of the trainer state in that process "
+        "(two while a copy is arriving). 0: off.",
+    )
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="gloo on CPU, nccl on GPU.")
     num_cpus: float = Size(1.0, gt=0, le=1024, why=_CPUS_WHY, description="CPUs Ray reserves for each rank.")
     num_gpus: float = Size(0.0, ge=0, le=64, why=_CPUS_WHY, description="GPUs Ray reserves for each rank.")

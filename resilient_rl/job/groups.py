@@ -238,11 +238,19 @@ class TrainerGroup:
                          placement)
             for i in range(world)
         ]  # fmt: skip
+        shadow = self._usable_shadow(store, k, s, world, strategy)
         master = A.get(A.call(self.ranks[0], "address"))
-        ready = A.get([A.call(r, "setup", master, restore) for r in self.ranks])
+        if shadow is not None:  # newer than any snapshot: restore it from memory, replay less
+            s, restore = shadow["step"], None
+            ready = A.get([A.call(r, "setup", master, None, {"step": s, "rank": 0 if shadow["sources"] == 1 else i})
+                           for i, r in enumerate(self.ranks)])  # fmt: skip
+            self.ctx.event(Kind.SHADOW_RESTORED, f"trainer state of step {s} restored from the in-memory shadow copy",
+                           step=s, world=world, strategy=strategy)  # fmt: skip
+        else:
+            ready = A.get([A.call(r, "setup", master, restore) for r in self.ranks])
         A.get([A.call(r, "adopt", c.token, c.spec.digest()) for r in self.ranks])  # fence them
-        self.ctx.record_lineage(k, {"from_step": s, "snapshot": restore, "world": world, "strategy": strategy,
-                                  "threads": ready[0]["threads"]})  # fmt: skip
+        self.ctx.record_lineage(k, {"from_step": s, "snapshot": restore if shadow is None else f"shadow@{s}",
+                                  "world": world, "strategy": strategy, "threads": ready[0]["threads"]})  # fmt: skip
         if k == 0:
             return None
         if s < k:
@@ -263,6 +271,25 @@ class TrainerGroup:
         """The weights' digest (rank 0's answer; every rank takes part, see :meth:`publish`)."""
         A = self.actors
         return str(A.get([A.call(r, "digest") for r in self.ranks], timeout=timeout)[0])
+
+    def _usable_shadow(self, store: Any, k: int, s: int, world: int, strategy: str) -> dict[str, Any] | None:
+        """The weight store's newest complete shadow copy if a restart at committed step ``k`` can
+        use it instead of the snapshot of step ``s``: newer than it, not past ``k``, this spec,
+        and a layout it loads into (ddp's replicated copy at any world size; fsdp's shards at
+        the world size and strategy they were taken at)."""
+        if not self.ctx.spec.trainer.shadow_every:
+            return None
+        A = self.actors
+        try:
+            sh = A.get(A.call(store, "shadow"), timeout=30)
+        except Exception as e:  # no shadow is no fault: the snapshot serves
+            log.warning("job %s: shadow copy not readable (%s): restoring the snapshot", self.ctx.job, e)
+            return None
+        if not sh or not s < sh["step"] <= k or sh["spec_digest"] != self.ctx.spec.digest():
+            return None
+        if sh["strategy"] != strategy or (strategy == "fsdp" and sh["world"] != world):
+            return None
+        return dict(sh)
 
     def adopt(self, k: int, world: int) -> tuple[int, dict[str, Any] | None, Any] | None:
         """Take over ranks left running by a previous leader (or an etcd outage).

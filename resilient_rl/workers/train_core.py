@@ -195,9 +195,8 @@ def _gather_to_rank0(
     if not isinstance(t, DTensor):
         if rank != 0:
             return None
-        if region is not None:
-            out = region[: _tensor_bytes(t)].view(t.dtype).view(t.shape)
-            return out.copy_(t) if copy else t
+        if region is not None:  # into the bucket's buffer: one warm memcpy, and the bucket packs without a copy
+            return region[: _tensor_bytes(t)].view(t.dtype).view(t.shape).copy_(t.cpu())
         return t.clone() if copy else t
     mesh = t.device_mesh
     if t.dim() == 0 or mesh.ndim != 1 or tuple(t.placements) != (Shard(0),) or t.device.type != "cpu":
@@ -441,10 +440,10 @@ class TrainCore:
         A collective under fsdp: every rank must drain the iterator; only rank 0's buckets
         hold tensors (the others get one empty list), so rank 0 holds its shards plus one
         bucket, never a second whole copy of the model. With ``reuse`` (publishing) a
-        bucket's tensors are views of one buffer of rank 0, reused by the next bucket, or of
-        the live parameters under ddp: a consumer copies each bucket before it asks for the
-        next (``ray.put`` and an actor call's arguments do), and before the next train step.
-        Without ``reuse`` every tensor is a fresh copy."""
+        bucket's tensors are consecutive views of one buffer of rank 0 (so ``transport.pack``
+        sends the bucket as one flat array without copying it), reused by the next bucket: a
+        consumer copies each bucket before it asks for the next (``ray.put`` and an actor
+        call's arguments do). Without ``reuse`` every tensor is a fresh copy."""
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         buf = self._bucket_buffer(bucket_bytes) if reuse and self.rank == 0 else None
@@ -500,6 +499,45 @@ class TrainCore:
         from checkpoints.backends import training_state
 
         return training_state(self.module, self.opt, extra)
+
+    def shadow_state(self, into: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], str]:
+        """This rank's part of the training state (model, optimizer, step) as plain CPU tensors
+        (a DTensor's local shard) plus the JSON tree of the rest: the in-memory shadow copy.
+        Copies into ``into``'s tensors where their shapes match (staging buffers reused
+        between copies: fresh memory would cost page faults of the whole state each time)."""
+        from torch.distributed.tensor import DTensor
+
+        from checkpoints.backends import flatten_state
+
+        tensors, tree = flatten_state(self.training_state({"step": self.step}))
+        out: dict[str, torch.Tensor] = {}
+        for key, t in tensors.items():
+            local = (t.to_local() if isinstance(t, DTensor) else t).detach()
+            buf = (into or {}).get(key)
+            if buf is None or buf.shape != local.shape or buf.dtype != local.dtype:
+                buf = torch.empty(local.shape, dtype=local.dtype)
+            out[key] = buf.copy_(local)
+        return out, tree
+
+    def load_shadow(self, tensors: dict[str, torch.Tensor], tree: str) -> None:
+        """Restore a :meth:`shadow_state` taken by the same rank of the same layout (or, under
+        ddp, by any rank: the state is replicated). Raises ValueError if it does not fit."""
+        from torch.distributed.tensor import DTensor
+
+        from checkpoints.backends import apply_state_tree, flatten_state
+
+        state = self.training_state()
+        flat, _ = flatten_state(state)
+        if set(flat) != set(tensors):
+            raise ValueError(f"shadow copy differs from the state: {sorted(set(flat) ^ set(tensors))[:5]}")
+        with torch.no_grad():
+            for key, t in flat.items():
+                local = t.to_local() if isinstance(t, DTensor) else t
+                if local.shape != tensors[key].shape:
+                    raise ValueError(f"shadow copy: {key} is {list(tensors[key].shape)}, {list(local.shape)} here")
+                local.copy_(tensors[key])
+        apply_state_tree(state, tree)
+        self.apply_state(state)
 
     def apply_state(self, state: dict[str, Any]) -> None:
         from checkpoints.backends import apply_training_state

@@ -20,6 +20,7 @@ import contextlib
 import io
 import logging
 import os
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -114,6 +115,9 @@ class TrainerRank:
         self.last: dict[str, Any] | None = None  # the result of the newest train_step
         self._training: int | None = None  # the step a train_step is working on (read by adopt)
         self._rendezvous: Any = None  # rank 0: the process group's TCPStore, held from address() on
+        self._shadow_buf: dict[str, torch.Tensor] = {}  # staging of the shadow copy, reused
+        self._shadow_send: threading.Thread | None = None  # the copy being handed to the store
+        self.shadow_blocking_s: float | None = None  # what the newest shadow copy cost the step
 
     @ray.method(concurrency_group="control")
     def adopt(self, token: int, spec_digest: str) -> dict[str, Any]:
@@ -164,10 +168,14 @@ class TrainerRank:
         assert self.core is not None
         self.core.step = value
 
-    def setup(self, master: tuple[str, int], restore: str | None = None) -> dict[str, Any]:
+    def setup(
+        self, master: tuple[str, int], restore: str | None = None, shadow: dict[str, int] | None = None
+    ) -> dict[str, Any]:
         """Join the process group, load the initial model, shard it (fsdp) or wrap it (DDP),
         build the optimizer and, with ``restore``, load a committed (verified) snapshot, which
-        may come from another world size or strategy: every rank calls it (collective)."""
+        may come from another world size or strategy, or with ``shadow`` (``{"step", "rank"}``)
+        the in-memory shadow copy that rank left in the weight store: every rank calls it
+        (collective)."""
         backend = self.spec.trainer.backend
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() and self.spec.trainer.num_gpus > 0 else "gloo"
@@ -182,6 +190,13 @@ class TrainerRank:
         self.core = TrainCore(self.spec, self.model_dir, self.rank, self.world, self.strategy, device)
         if restore is not None:
             self._restore(Path(restore))
+        elif shadow is not None:
+            store = ray.get_actor(actor_name(self.job, "weights", 0), namespace=NAMESPACE)
+            tensors, tree, rng = ray.get(store.shadow_part.remote(int(shadow["rank"]), int(shadow["step"])))
+            self.core.load_shadow(tensors, tree)
+            torch.set_rng_state(rng)
+            if self.step != int(shadow["step"]):
+                raise RuntimeError(f"the shadow copy of step {shadow['step']} holds step {self.step}")
         self.member.update(status="ready", step=self.step, strategy=self.strategy)
         return {
             "rank": self.rank,
@@ -310,13 +325,48 @@ class TrainerRank:
         samples = self.journal.read_batch(step)  # the batch order is (shard, position): the same on every rank
         stats = self.core.train(samples)
         self.member.update(step=self.step, version=self.step)
-        out: dict[str, Any] = {"rank": self.rank, "step": step, **stats}
+        self._shadow()
+        out: dict[str, Any] = {"rank": self.rank, "step": step, **stats, "shadow_blocking_s": self.shadow_blocking_s}
         if publish:
             weights = self._put_weights()
             if self.rank == 0:
                 out["weights"] = weights
         self.last = out
         return out
+
+    def _shadow(self) -> None:
+        """Every ``trainer.shadow_every`` steps: copy this rank's part of the state into
+        staging buffers (the only part that blocks the step), then hand it to the weight
+        store from a thread while training goes on. One copy in flight: the next waits for
+        it, since it reuses the buffers. Under ddp only rank 0 copies (the state is
+        replicated: any world size restores from it)."""
+        every = self.spec.trainer.shadow_every
+        self.shadow_blocking_s = None
+        if not every or self.step % every or (self.strategy == "ddp" and self.rank != 0) or not ray.is_initialized():
+            return
+        try:
+            store = ray.get_actor(actor_name(self.job, "weights", 0), namespace=NAMESPACE)
+        except ValueError:
+            return  # no weight store (a replay by `rrl verify`, standalone use): no shadow
+        assert self.core is not None
+        if self._shadow_send is not None:
+            self._shadow_send.join()
+        t0 = time.perf_counter()
+        tensors, tree = self.core.shadow_state(self._shadow_buf)
+        self._shadow_buf = tensors
+        rng = torch.get_rng_state()
+        self.shadow_blocking_s = time.perf_counter() - t0
+        meta = {"rank": self.rank, "step": self.step, "world": self.world, "strategy": self.strategy,
+                "spec_digest": self.spec.digest(), "sources": 1 if self.strategy == "ddp" else self.world}  # fmt: skip
+
+        def send() -> None:
+            try:  # the call's arguments are serialised here, from the staging buffers
+                ray.get(store.put_shadow.remote(meta, tensors, tree, rng))
+            except Exception as e:  # the store gone: the next restart uses a snapshot
+                log.warning("shadow copy of step %d not kept: %s", meta["step"], e)
+
+        self._shadow_send = threading.Thread(target=send, name="shadow-copy", daemon=True)
+        self._shadow_send.start()
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -20,6 +20,9 @@ class WeightStore:
     def __init__(self) -> None:
         self.refs: dict[int, Any] = {}
         self._buckets: dict[int, list[Any]] = {}  # version -> bucket refs the handle names
+        # the trainer's shadow copy: source rank -> step -> (meta, tensors, tree, rng), in this
+        # process's memory (not the object store: nothing else reads it until a restart)
+        self.shadows: dict[int, dict[int, tuple[dict[str, Any], Any, str, Any]]] = {}
 
     def put(self, version: int, state: dict[str, Any]) -> list[Any]:
         import ray
@@ -51,6 +54,47 @@ class WeightStore:
     def get(self, version: int) -> list[Any] | None:
         """The reference of ``version`` if still kept (in a list: the caller borrows it)."""
         return [self.refs[version]] if version in self.refs else None
+
+    def put_shadow(self, meta: dict[str, Any], tensors: Any, tree: str, rng: Any) -> int:
+        """Keep a rank's shadow copy of step ``meta['step']`` (see ``TrainerRank._shadow``).
+
+        A layout (world, strategy, spec) other than the one held replaces every copy; per rank
+        the copies older than the newest complete step are dropped, so at most two per rank
+        are held (the complete one and one arriving)."""
+        layout = (meta["world"], meta["strategy"], meta["spec_digest"], meta["sources"])
+        if any(m["layout"] != layout for parts in self.shadows.values() for m, *_ in parts.values()):
+            self.shadows = {}
+        meta = {**meta, "layout": layout}
+        self.shadows.setdefault(int(meta["rank"]), {})[int(meta["step"])] = (meta, tensors, tree, rng)
+        done = self._complete()
+        if done is not None:
+            for parts in self.shadows.values():
+                for s in [s for s in parts if s < done["step"]]:
+                    del parts[s]
+        return int(meta["step"])
+
+    def _complete(self) -> dict[str, Any] | None:
+        sources = {int(r) for r in self.shadows}
+        if not sources:
+            return None
+        meta = next(iter(next(iter(self.shadows.values())).values()))[0]
+        if sources != set(range(int(meta["sources"]))):
+            return None
+        steps = set.intersection(*(set(parts) for parts in self.shadows.values()))
+        if not steps:
+            return None
+        s = max(steps)
+        return {"step": s, "world": meta["world"], "strategy": meta["strategy"], "spec_digest": meta["spec_digest"],
+                "sources": meta["sources"]}  # fmt: skip
+
+    def shadow(self) -> dict[str, Any] | None:
+        """The newest step every source rank has a shadow copy of, and its layout (None: none)."""
+        return self._complete()
+
+    def shadow_part(self, rank: int, step: int) -> tuple[Any, str, Any]:
+        """Rank ``rank``'s shadow copy of ``step``: (tensors, tree, rng). KeyError if not held."""
+        _, tensors, tree, rng = self.shadows[rank][step]
+        return tensors, tree, rng
 
     def ping(self) -> bool:
         return True

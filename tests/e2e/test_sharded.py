@@ -101,3 +101,32 @@ def test_ddp_job_switches_to_fsdp_mid_run_within_the_stated_tolerance(platform: 
     norm = sum(float(b[k].double().pow(2).sum()) for k in b) ** 0.5
     assert chain["end"]["digest"] != ddp["end"]["digest"]  # the switch is not bit-exact: the check is real
     assert diff / norm <= 1e-5, f"DDP -> FSDP differs from all-DDP by {diff / norm:.3g} relative"
+
+
+def test_a_lost_fsdp_rank_restarts_from_the_shadow_copy_and_replays_at_most_one_step(
+    platform: LivePlatform, tmp_path: Path
+) -> None:
+    """FSDP world 2, snapshots far apart (every 50 steps), a shadow copy every step: SIGKILL a
+    rank; the group restarts from the in-memory copy its ranks left in the weight store, not
+    from the initial weights, replays at most one step, and `rrl verify` matches."""
+    import os
+    import signal
+
+    work = tmp_path / "shadow"
+    steps = 10
+    job = platform.submit(_spec("e2e-shadow", work, steps=steps,
+                                trainer={"replicas": 2, "strategy": "fsdp", "shadow_every": 1},
+                                checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
+    _wait_step(platform, job, 4)
+    os.kill(jobs.get(platform.store, job).members["trainer"]["1"]["pid"], signal.SIGKILL)
+    rec = platform.wait(job)
+    assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+    evs = events.read(platform.store, job, limit=1000)
+    restored = [e for e in evs if e["kind"] == "shadow_restored"]
+    assert restored and restored[0]["step"] >= 3, [e["kind"] for e in evs]
+    assert not rec.checkpoints or min(c["step"] for c in rec.checkpoints) >= 50  # no disk snapshot to lean on
+    replayed = [e["last"] - e["first"] + 1 for e in evs if e["kind"] == "replay"]
+    assert all(n <= 1 for n in replayed), replayed
+    segs = _segments(platform, job)
+    assert len(segs) == 2 and segs[1]["snapshot"] == f"shadow@{restored[0]['step']}", segs
+    _verify(platform, job)

@@ -2,10 +2,13 @@
 
 ``ops`` is a list of tuples, run in order on every rank:
 
-- ``("build", strategy)``: a fresh :class:`TrainCore` (``ddp`` or ``fsdp``) from ``model_dir``
+- ``("build", strategy[, trainer_fields])``: a fresh :class:`TrainCore` (``ddp`` or ``fsdp``)
+  from ``model_dir``, with some ``trainer`` fields changed
 - ``("train", i)``: one step on ``batches[i]`` (its loss and time kept under ``loss:<strategy>``)
 - ``("save", path)`` / ``("load", path)``: a DCP snapshot of the sharded state, written
   synchronously through the product's backend (``load`` reshards)
+- ``("shadow", name)`` / ``("unshadow", name)``: this rank's shadow copy of the state, taken
+  and loaded in memory (``TrainCore.shadow_state`` / ``load_shadow``)
 - ``("record", name)``: rank 0 records the digest and the full weights under ``name``
 - ``("buckets", name, nbytes)``: rank 0 records the sizes and names of the publish buckets
 
@@ -31,13 +34,16 @@ def script(rank: int, world: int, spec_json: str, model_dir: str, batches: list[
     out: dict[str, Any] = {}
     core: TrainCore | None = None
     label = ""
+    shadows: dict[str, Any] = {}
     backend = make_backend("dcp")
     for op in ops:
         kind = op[0]
         if kind == "build":
             core = None  # the previous core's memory goes first
-            core = TrainCore(spec, model_dir, rank, world, op[1])
-            label = op[1]
+            over = op[2] if len(op) > 2 else {}  # trainer fields changed for this core only
+            built = spec.model_copy(update={"trainer": spec.trainer.model_copy(update=over)}) if over else spec
+            core = TrainCore(built, model_dir, rank, world, op[1])
+            label = op[1] + "".join(f"+{k}" for k in sorted(over))
         elif kind == "train":
             assert core is not None
             t0 = time.perf_counter()
@@ -52,6 +58,12 @@ def script(rank: int, world: int, spec_json: str, model_dir: str, batches: list[
             state = core.training_state()
             backend.load(state, Path(op[1]))
             core.apply_state(state)
+        elif kind == "shadow":  # this rank's in-memory shadow copy, kept in this process
+            assert core is not None
+            shadows[op[1]] = core.shadow_state()
+        elif kind == "unshadow":
+            assert core is not None
+            core.load_shadow(*shadows[op[1]])
         elif kind == "record":
             assert core is not None
             digest = core.digest()

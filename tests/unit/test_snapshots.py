@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,3 +147,33 @@ def test_collect_garbage_keeps_exactly_the_requested_steps(tmp_path: Path) -> No
     assert collect_garbage(tmp_path, {3, 4, 6}) == []
     assert collect_garbage(tmp_path, set()) == [snapshot_dir(tmp_path, s) for s in (3, 4, 6)]
     assert list_snapshots(tmp_path) == []
+
+
+def test_garbage_collection_lets_files_vanish_under_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two leaders' retention at a take-over, or a deposed leader's rank renaming its manifest's
+    temporary file, change a folder while it is removed: that is no error (it failed a job)."""
+    import shutil
+
+    from checkpoints import snapshots
+
+    root = tmp_path / "snaps"
+    for step in (1, 2):
+        d = snapshots.snapshot_dir(root, step)
+        d.mkdir(parents=True)
+        (d / "data.bin").write_bytes(b"x")
+    real = shutil.rmtree
+    calls: list[Path] = []
+
+    def racing(p: Any, *a: Any, **kw: Any) -> None:
+        calls.append(Path(p))
+        if len(calls) == 1:  # a file vanished mid-walk; the folder is still there: go round again
+            raise FileNotFoundError(2, "No such file or directory", ".MANIFEST.json.x.tmp")
+        if len(calls) == 2:  # the other remover finished first
+            real(p)
+            raise FileNotFoundError(2, "No such file or directory", str(p))
+        real(p)
+
+    monkeypatch.setattr(snapshots.shutil, "rmtree", racing)
+    removed = snapshots.collect_garbage(root, set())
+    assert sorted(p.name for p in removed) == ["step-0000000001", "step-0000000002"]
+    assert not any(root.iterdir()) and len(calls) == 3
