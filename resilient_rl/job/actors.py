@@ -41,7 +41,9 @@ class Placement:
     num_cpus: float = 0.0
     num_gpus: float = 0.0
     runtime_env: dict[str, Any] = field(default_factory=dict)
-    on_this_node: bool = False  # soft affinity to the caller's node (the weight store: its objects die with it)
+    on_this_node: bool = (
+        False  # soft affinity to the stable node, the Ray head (the weight store: its objects die with it)
+    )
     get_if_exists: bool = False  # hand back the live actor of that name instead of failing
 
 
@@ -157,6 +159,21 @@ def _remote_class(cls: Any) -> Any:
     return ray.remote(concurrency_groups={g: 1 for g in groups})(cls) if groups else ray.remote(cls)  # type: ignore[call-overload]
 
 
+def _stable_node() -> str:
+    """The node whose loss ends the cluster anyway: the Ray head (its GCS), else this process's.
+
+    The caller's own node is not enough: a driver attaches to *a* raylet of its IP, so where
+    several nodes share one (``ray.cluster_utils.Cluster``, containers behind one address) it
+    may sit on any of them. Seen: the weight store followed the controller onto a worker node
+    that was then lost, and every published version died with it."""
+    import ray
+
+    for n in ray.nodes():
+        if n.get("Alive") and any(k.startswith("node:__internal_head__") for k in n.get("Resources", {})):
+            return str(n["NodeID"])
+    return str(ray.get_runtime_context().get_node_id())
+
+
 class RayActors:
     """:class:`Actors` over Ray: detached named actors in the ``rrl`` namespace."""
 
@@ -167,8 +184,6 @@ class RayActors:
         self._classes: dict[str, Any] = {role: _remote_class(c) for role, c in (classes or {}).items()}
 
     def create(self, role: str, name: str, args: Sequence[Any], placement: Placement) -> Any:
-        import ray
-
         cls = self._classes.get(role)
         if cls is None:
             cls = self._classes[role] = _role_class(role)
@@ -185,8 +200,7 @@ class RayActors:
         if placement.on_this_node:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            node = ray.get_runtime_context().get_node_id()
-            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(_stable_node(), soft=True)
         return cls.options(**opts).remote(*args)
 
     def find(self, name: str) -> Any | None:

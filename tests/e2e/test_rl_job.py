@@ -92,7 +92,9 @@ def test_vllm_job_commits_steps_and_weight_sync_matches_hf(platform: LivePlatfor
     master = ray.get(rank.address.remote())
     ray.get(rank.setup.remote(master))
     out = ray.get(rank.train_step.remote(0))
-    weights = ray.get(out["weights"])
+    from resilient_rl.workers.transport import fetch
+
+    weights = {k: v.clone() for k, v in fetch(ray.get(out["weights"]))}  # the published buckets, whole
     worker = (
         ray.remote(RolloutWorker)
         .options(num_cpus=0.5, runtime_env=env)

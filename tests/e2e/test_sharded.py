@@ -54,6 +54,7 @@ def test_fsdp_job_with_vllm_shrinks_2_to_1_and_verifies(platform: LivePlatform, 
     assert "at world 2" in out and "at world 1" in out and "fsdp" in out, out
 
 
+@pytest.mark.timeout(600)
 def test_ddp_job_switches_to_fsdp_mid_run_within_the_stated_tolerance(platform: LivePlatform, tmp_path: Path) -> None:
     """`rrl scale --strategy fsdp --trainer 2` on a DDP world-1 job: the group restarts sharded
     from the DDP snapshot at a step boundary and the job goes on. The replay follows the
@@ -67,7 +68,17 @@ def test_ddp_job_switches_to_fsdp_mid_run_within_the_stated_tolerance(platform: 
     job = platform.submit(_spec("e2e-switch", work, steps=steps, trainer={"replicas": 1},
                                 checkpoint={"dir": str(work), "every": 2}))  # fmt: skip
     _wait_step(platform, job, 3)
-    r = run_rrl("scale", job, "--strategy", "fsdp", "--trainer", "2", "--etcd", platform.data["etcd"])
+    r = run_rrl(
+        "scale",
+        job,
+        "--strategy",
+        "fsdp",
+        "--trainer",
+        "2",
+        "--etcd",
+        platform.data["etcd"],
+        env={"RRL_HOME": str(platform.home)},
+    )  # its token (another module may have moved RRL_HOME)
     assert r.returncode == 0 and "strategy fsdp" in r.stdout, r.stdout + r.stderr
     _wait_event(platform, job, "trainer_recovered")
     rec = platform.wait(job)
@@ -103,6 +114,7 @@ def test_ddp_job_switches_to_fsdp_mid_run_within_the_stated_tolerance(platform: 
     assert diff / norm <= 1e-5, f"DDP -> FSDP differs from all-DDP by {diff / norm:.3g} relative"
 
 
+@pytest.mark.timeout(600)
 def test_a_lost_fsdp_rank_restarts_from_the_shadow_copy_and_replays_at_most_one_step(
     platform: LivePlatform, tmp_path: Path
 ) -> None:

@@ -126,7 +126,8 @@ def test_bad_payloads_are_422_naming_the_field(ctls: tuple[Ctl, Ctl], etcd: Etcd
     assert "trainer" in fields(httpx.post(f"{u}/jobs/bad/scale", json={"trainer": "two"}, headers=AUTH))
     assert "rolout" in fields(httpx.post(f"{u}/jobs/bad/scale", json={"rolout": 2}, headers=AUTH))
     r = httpx.post(f"{u}/jobs/bad/scale", json={}, headers=AUTH)
-    assert r.status_code == 422 and "rollout and/or trainer" in r.text
+    assert r.status_code == 422 and "rollout, trainer and/or strategy" in r.text
+    assert "strategy" in fields(httpx.post(f"{u}/jobs/bad/scale", json={"strategy": "zero3"}, headers=AUTH))
     assert desired(etcd, "bad")["rollout"] == 1
     # a spec is checked against the job schema; each bad field is named by its path
     bad = spec("bad2", rollout={"replicas": 0}, trainer={"lr": "fast"})
