@@ -222,7 +222,7 @@ class TrainerGroup:
 
         A, c = self.actors, self.ctx
         self.kill()
-        # on the controller's node (the stable one): the published weights die with their owner
+        # on the stable node (the Ray head): the published weights die with their owner
         store = A.create("weights", c.actor_name("weights", 0), (),
                          Placement(on_this_node=True, get_if_exists=True))  # fmt: skip
         A.get(A.call(store, "ping"))

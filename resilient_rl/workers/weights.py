@@ -1,7 +1,7 @@
 """The weight store: a Ray actor that owns each published policy version's object.
 
 Runs as the detached actor ``rrl:{job}:weights:0`` (:func:`resilient_rl.naming.actor_name`),
-started by the trainer group on the controller's node.
+started by the trainer group on the Ray head node (``actors._stable_node``).
 """
 
 from __future__ import annotations
