@@ -59,13 +59,16 @@ class WeightStore:
         """Keep a rank's shadow copy of step ``meta['step']`` (see ``TrainerRank._shadow``).
 
         A layout (world, strategy, spec) other than the one held replaces every copy; per rank
-        the copies older than the newest complete step are dropped, so at most two per rank
-        are held (the complete one and one arriving)."""
+        the copies older than the newest complete step are dropped, so two per rank are held
+        (the complete one and one arriving), three at most."""
         layout = (meta["world"], meta["strategy"], meta["spec_digest"], meta["sources"])
         if any(m["layout"] != layout for parts in self.shadows.values() for m, *_ in parts.values()):
             self.shadows = {}
         meta = {**meta, "layout": layout}
-        self.shadows.setdefault(int(meta["rank"]), {})[int(meta["step"])] = (meta, tensors, tree, rng)
+        parts = self.shadows.setdefault(int(meta["rank"]), {})
+        parts[int(meta["step"])] = (meta, tensors, tree, rng)
+        for s in sorted(parts)[:-3]:  # a bound even if one rank's copies stopped coming
+            del parts[s]
         done = self._complete()
         if done is not None:
             for parts in self.shadows.values():
