@@ -338,8 +338,9 @@ class TrainerRank:
         """Every ``trainer.shadow_every`` steps: copy this rank's part of the state into
         staging buffers (the only part that blocks the step), then hand it to the weight
         store from a thread while training goes on. One copy in flight: the next waits for
-        it, since it reuses the buffers. Under ddp only rank 0 copies (the state is
-        replicated: any world size restores from it)."""
+        it (it reuses the buffers), at most 10 s, then skips its own, so a slow or stuck store
+        cannot hold training. Under ddp only rank 0 copies (the state is replicated: any
+        world size restores from it)."""
         every = self.spec.trainer.shadow_every
         self.shadow_blocking_s = None
         if not every or self.step % every or (self.strategy == "ddp" and self.rank != 0) or not ray.is_initialized():
@@ -350,7 +351,9 @@ class TrainerRank:
             return  # no weight store (a replay by `rrl verify`, standalone use): no shadow
         assert self.core is not None
         if self._shadow_send is not None:
-            self._shadow_send.join()
+            self._shadow_send.join(timeout=10)  # the last copy is being handed over: its buffers are in use
+            if self._shadow_send.is_alive():
+                return  # the store is that slow: skip this copy rather than hold training longer
         t0 = time.perf_counter()
         tensors, tree = self.core.shadow_state(self._shadow_buf)
         self._shadow_buf = tensors
@@ -361,7 +364,7 @@ class TrainerRank:
 
         def send() -> None:
             try:  # the call's arguments are serialised here, from the staging buffers
-                ray.get(store.put_shadow.remote(meta, tensors, tree, rng))
+                ray.get(store.put_shadow.remote(meta, tensors, tree, rng), timeout=300)
             except Exception as e:  # the store gone: the next restart uses a snapshot
                 log.warning("shadow copy of step %d not kept: %s", meta["step"], e)
 
