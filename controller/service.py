@@ -83,6 +83,9 @@ class Controller:
         self._lease: KeptLease | None = None
         self._outage: float | None = None  # wall time etcd was first unreachable, until a leader records it
         self._outage_lock = threading.Lock()
+        # held by each job's reconcile and by stop(): a driver started by a pass under way when
+        # stop() is called is seen by stop (its runner record is cleared: a clean hand-over)
+        self._pass_lock = threading.Lock()
         self._last_outage_end: float | None = None  # a term that ended in an outage is not a job's fault
 
     # -- lifecycle -----------------------------------------------------------
@@ -104,11 +107,12 @@ class Controller:
 
     def stop(self) -> None:
         self._stop.set()
-        for job in list(self.drivers):  # a clean hand-over, not a term that died under the job (see _may_run)
-            try:
-                self.update_state(job, runner=None)
-            except (NotLeader, EtcdError, RuntimeError) as e:
-                log.info("job %s: could not record the hand-over: %s", job, e)
+        with self._pass_lock:  # a reconcile under way (perhaps starting a driver) ends first
+            for job in list(self.drivers):  # a clean hand-over, not a term that died under the job (see _may_run)
+                try:
+                    self.update_state(job, runner=None)
+                except (NotLeader, EtcdError, RuntimeError) as e:
+                    log.info("job %s: could not record the hand-over: %s", job, e)
         self.election.stop()
 
     def note_etcd_error(self) -> None:
@@ -159,7 +163,10 @@ class Controller:
                 recs = jobs.list_all(self.store, detail=False)
                 self._record_outage(recs)
                 for rec in recs:
-                    self.reconcile(rec, leader_changed=first)
+                    with self._pass_lock:
+                        if self._stop.is_set():
+                            break
+                        self.reconcile(rec, leader_changed=first)
                 first = False
                 if self.housekeeping and time.monotonic() - last_housekeeping >= self.housekeeping_interval:
                     last_housekeeping = time.monotonic()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .naming import NAMESPACE, TRAINER_ENV, job_workdir
+from .naming import TRAINER_ENV, job_workdir
 from .spec import JobSpec
 
 
@@ -91,10 +91,9 @@ def replay_digest(
     ``checkpoints.journal.JournalCorrupt`` (wrapped by Ray) if a batch is missing or a shard does
     not match its digest, and whatever the restore raises.
     """
-    import ray
+    from .job.actors import connect_ray
 
-    if not ray.is_initialized():
-        ray.init(address=ray_address, namespace=NAMESPACE, log_to_driver=False)
+    connect_ray(ray_address)
     if segments is None:
         from controller import jobs
         from controller.store import Store

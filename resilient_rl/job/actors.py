@@ -24,12 +24,17 @@ Ray itself is imported on first use, never at module level.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..naming import NAMESPACE
+
+log = logging.getLogger(__name__)
 
 ROLES = ("rollout", "trainer", "weights")
 
@@ -139,13 +144,26 @@ def _role_class(role: str) -> Any:
 _ray_lock = threading.Lock()
 
 
-def connect_ray(address: str | None) -> None:
-    """Connect this process to Ray once (thread-safe)."""
+def connect_ray(address: str | None, attempts: int = 3) -> None:
+    """Connect this process to Ray once (thread-safe). A connect that times out while the
+    cluster is overloaded ("The current node timed out during startup", seen from `rrl
+    verify` in a loaded CI run) is tried again, ``attempts`` times in all."""
     with _ray_lock:
         import ray
 
-        if not ray.is_initialized():
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+        for attempt in range(attempts):
+            if ray.is_initialized():
+                return
+            try:
+                ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+                return
+            except Exception as e:
+                if "timed out" not in str(e) or attempt == attempts - 1:
+                    raise
+                log.warning("connecting to Ray timed out (%s); trying again", e)
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                time.sleep(2.0 * (attempt + 1))
 
 
 def _remote_class(cls: Any) -> Any:
