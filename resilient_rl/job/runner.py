@@ -33,7 +33,7 @@ from typing import Any
 from checkpoints.journal import Journal, JournalFull, free_mb
 from controller.election import NotLeader
 from controller.events import Kind
-from controller.jobs import JobRecord
+from controller.jobs import STRATEGIES, JobRecord
 from controller.store import EtcdError
 
 from ..errors import JobFailed, describe_error
@@ -464,8 +464,8 @@ def _strategy_refusal(spec: JobSpec, strategy: Any) -> str | None:
     """Why the job cannot train under ``strategy`` (None: it can, or none was asked)."""
     if strategy is None:
         return None
-    if strategy not in ("ddp", "fsdp"):
-        return f"unknown strategy {strategy!r} (ddp or fsdp)"
+    if strategy not in STRATEGIES:
+        return f"unknown strategy {strategy!r} ({' or '.join(STRATEGIES)})"
     if strategy == "fsdp" and spec.checkpoint.backend != "dcp":
         return f"fsdp needs checkpoint.backend dcp for sharded snapshots; this job uses {spec.checkpoint.backend}"
     return None

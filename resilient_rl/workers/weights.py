@@ -12,9 +12,11 @@ from typing import Any
 class WeightStore:
     """Owns the published weights of a job (actor ``rrl:{job}:weights:0``, no CPU reserved).
 
-    Ray frees an object when its owner dies. Rank 0 hands each new state dict to
-    this actor, which ``ray.put``s it and so owns it: the weights survive trainer
-    restarts. It keeps the newest few versions alive for workers still loading them.
+    Ray frees an object when its owner dies. Rank 0 hands each bucket of a new version
+    to this actor (``put_bucket``), which ``ray.put``s it and so owns it, then seals the
+    version with its handle (``seal``): the weights survive trainer restarts. It keeps
+    the newest few versions alive for workers still loading them, and the trainer's
+    shadow copies (``put_shadow``).
     """
 
     def __init__(self) -> None:
@@ -23,14 +25,6 @@ class WeightStore:
         # the trainer's shadow copy: source rank -> step -> (meta, tensors, tree, rng), in this
         # process's memory (not the object store: nothing else reads it until a restart)
         self.shadows: dict[int, dict[int, tuple[dict[str, Any], Any, str, Any]]] = {}
-
-    def put(self, version: int, state: dict[str, Any]) -> list[Any]:
-        import ray
-
-        self.refs[version] = ray.put(state)
-        for v in sorted(self.refs)[:-4]:
-            del self.refs[v]
-        return [self.refs[version]]  # in a list: the caller borrows the reference, we stay owner
 
     def put_bucket(self, version: int, bucket: list[Any]) -> list[Any]:
         """One bucket of a version being published (see ``transport.ObjectStoreTransport``)."""
