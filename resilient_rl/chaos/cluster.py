@@ -183,13 +183,19 @@ class ChaosCluster:
             p, seen = _ppid(p), seen + 1
         return False
 
-    def signal_pid(self, pid: int, sig: int, group: bool = False) -> None:
+    def signal_pid(self, pid: int, sig: int, group: bool = False) -> bool:
         """Send ``sig`` to ``pid`` (or its process group) if it belongs to this platform, else
-        raise ValueError. A process that is already gone is not an error."""
+        raise ValueError. A process that is already gone is not an error: False says it was
+        not there to signal (a worker can exit between being chosen and being hit)."""
         if not self.owns(pid):
+            if not pid_alive(pid):
+                return False
             raise ValueError(f"pid {pid} is not a process of this chaos platform: refusing to signal it")
-        with contextlib.suppress(ProcessLookupError):
+        try:
             os.killpg(pid, sig) if group else os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     def controller_by_pid(self, pid: int) -> tuple[str, ManagedProcess] | None:
         return next(((c, p) for c, p in self.controllers.items() if p.pid == pid), None)

@@ -112,22 +112,34 @@ def _sleep(ctx: Ctx, secs: float) -> None:
 # --- workers ------------------------------------------------------------------
 
 
+def _hit(ctx: Ctx, f: Fault, rec: dict[str, Any], group: str, sig: int, prefer: str = "busy") -> tuple[int, int]:
+    """Send ``sig`` to a live worker of ``group``; returns its ``(pid, start time)``.
+
+    A worker can exit between being chosen and being signalled (the driver replaced it): then
+    another is chosen, within the same ``wait_s``."""
+    deadline = time.monotonic() + f.wait_s
+    while True:
+        left = max(0.1, deadline - time.monotonic())
+        w, info = ctx.wait_for(ctx.member(group, f.target, prefer=prefer), left, f"live {group} worker")
+        pid = info["pid"]
+        started = start_time(pid)
+        rec["target"] = {"group": group, "worker": w, "pid": pid, "status": info.get("status")}
+        rec["injected_at"] = time.time()
+        if ctx.cluster.signal_pid(pid, sig):
+            return pid, started
+        if time.monotonic() > deadline:
+            raise Skip(f"every {group} worker chosen within {f.wait_s:g}s exited before it could be hit")
+        time.sleep(0.1)
+
+
 def rollout_kill(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
-    w, info = ctx.wait_for(ctx.member("rollout", f.target), f.wait_s, "live rollout worker")
-    rec["target"] = {"group": "rollout", "worker": w, "pid": info["pid"], "status": info.get("status")}
-    rec["injected_at"] = time.time()
-    ctx.cluster.signal_pid(info["pid"], signal.SIGKILL)
+    _hit(ctx, f, rec, "rollout", signal.SIGKILL)
     rec["ended_at"] = rec["injected_at"]
 
 
 def _stop_for(ctx: Ctx, f: Fault, rec: dict[str, Any], group: str, prefer: str = "busy") -> None:
     """SIGSTOP a live worker of ``group`` for ``duration_s``, then SIGCONT it if it is still the same process."""
-    w, info = ctx.wait_for(ctx.member(group, f.target, prefer=prefer), f.wait_s, f"live {group} worker")
-    pid = info["pid"]
-    started = start_time(pid)
-    rec["target"] = {"group": group, "worker": w, "pid": pid, "status": info.get("status")}
-    rec["injected_at"] = time.time()
-    ctx.cluster.signal_pid(pid, signal.SIGSTOP)
+    pid, started = _hit(ctx, f, rec, group, signal.SIGSTOP, prefer=prefer)
     try:
         _sleep(ctx, float(f.duration_s or 0))
     finally:
@@ -162,10 +174,7 @@ def rollout_slow(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
 
 
 def trainer_kill(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
-    w, info = ctx.wait_for(ctx.member("trainer", f.target, prefer="ready"), f.wait_s, "live trainer rank")
-    rec["target"] = {"group": "trainer", "worker": w, "pid": info["pid"]}
-    rec["injected_at"] = time.time()
-    ctx.cluster.signal_pid(info["pid"], signal.SIGKILL)
+    _hit(ctx, f, rec, "trainer", signal.SIGKILL, prefer="ready")
     rec["ended_at"] = rec["injected_at"]
 
 
