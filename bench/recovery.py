@@ -1,6 +1,7 @@
 """Recovery under random faults: MTTR per fault kind and ETTR at one fault per 30 s and per 60 s.
 
 .venv/bin/python -m bench recovery [--mtbf 30,60] [--duration 6m] [--seed 1] [--repeats 1]
+.venv/bin/python -m bench recovery --trainer-kills 4   # hot vs cold trainer recovery, world 2
 
 Each run is the chaos harness's soak (``rrl chaos soak``, scenarios/soak.yaml: the tiny
 HF-engine copy job, 2 rollout workers, 1 trainer rank, 2 controllers, snapshot every 10
@@ -84,8 +85,63 @@ def condense(rep: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def trainer_scenario(hot: bool, kills: int, name: str) -> dict[str, Any]:
+    """A chaos scenario of ``kills`` trainer-rank SIGKILLs, 8 steps apart, on a DDP world-2 job
+    (the hot path's case), with ``trainer.hot_recovery`` on or off."""
+    return {
+        "name": name,
+        "cluster": {"etcd_members": 1, "ray_nodes": 1, "controllers": 1, "leader_ttl": 5},
+        "job": {
+            "name": name, "model": {"init": {}}, "task": {"kind": "copy", "num_prompts": 64},
+            "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 6, "n": 4}},
+            "trainer": {"replicas": 2, "lr": 0.002, "hot_recovery": hot},
+            "prompts_per_step": 4, "steps": 8 * kills + 12, "seed": 7,
+            "checkpoint": {"every": 10, "keep": 2}, "fault": {"hang_timeout": 5.0, "lease_ttl": 3},
+        },
+        "faults": [{"kind": "trainer_kill", "at": {"step": 6 + 8 * i}, "target": 1 - i % 2} for i in range(kills)],
+        "settle_timeout_s": 240,
+        "timeout_s": 900,
+    }  # fmt: skip
+
+
+def trainer_paths(kills: int, out: Path) -> int:
+    """Trainer-rank kills at world 2, the hot path and the cold path in one run, side by side."""
+    import yaml
+
+    print(machine_line(), flush=True)
+    rows, runs = [], {}
+    for hot in (True, False):
+        mode = "hot" if hot else "cold"
+        d = out / f"trainer-{mode}"
+        d.mkdir(parents=True, exist_ok=True)
+        sc = d / "scenario.yaml"
+        sc.write_text(yaml.safe_dump(trainer_scenario(hot, kills, f"bench-trainer-{mode}")))
+        before = set(d.iterdir())
+        argv = [str(Path(sys.executable).parent / "rrl"), "chaos", "run", str(sc), "--out", str(d)]
+        print(f"$ {' '.join(argv)}", flush=True)
+        rc = subprocess.run(argv, cwd=ROOT).returncode
+        new = [x / "report.json" for x in sorted(set(d.iterdir()) - before) if (x / "report.json").exists()]
+        if not new:
+            raise RuntimeError(f"the chaos run (exit {rc}) wrote no report.json under {d}")
+        rep = condense({**json.loads(new[-1].read_text()), "exit_code": rc})
+        runs[mode] = rep
+        fs = [f for f in rep["faults"] if f["status"] == "injected"]
+        green = all(i["ok"] for i in rep["invariants"])
+        rows.append([mode, f"{len(fs)}/{rep['scheduled']}", "green" if green else "**VIOLATED**",
+                     *[fmt([f[c] for f in fs if f[c] is not None]) for c in FIGS]])  # fmt: skip
+    print("\nTrainer rank SIGKILLed, world 2 DDP, seconds after injection, median (min-max) over faults\n")
+    print(table(["recovery", "faults injected", "invariants", "detection", "next commit", "group size restored"],
+                rows))  # fmt: skip
+    path = save("recovery-trainer", {"kills": kills, "runs": runs})
+    print(f"\nresults: {path}")
+    return 0 if all(all(i["ok"] for i in r["invariants"]) for r in runs.values()) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench recovery", description=__doc__.splitlines()[0])
+    ap.add_argument("--trainer-kills", type=int, default=0, metavar="N",
+                    help="Instead of the soaks: N trainer-rank kills at world 2 (DDP), once with hot recovery "
+                    "and once with the cold path, MTTR side by side.")  # fmt: skip
     ap.add_argument("--mtbf", default="30,60", help="Mean seconds between faults, comma-separated.")
     ap.add_argument("--duration", default="6m", help="Fault window per soak (e.g. 6m, 30m).")
     ap.add_argument("--seed", type=int, default=1, help="Seed of the first repeat's schedule (+1 per repeat).")
@@ -93,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="Job steps (default: duration in s x 5).")
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/rrl-bench-recovery"), help="Chaos run folders.")
     args = ap.parse_args(argv)
+    if args.trainer_kills:
+        return trainer_paths(args.trainer_kills, args.out_dir)
     duration = parse_seconds(args.duration)
     steps = args.steps or int(duration * 5)
     mtbfs = [float(x) for x in args.mtbf.split(",") if x.strip()]

@@ -233,6 +233,12 @@ class Controller:
         """Drop a snapshot's record (retention); its files are collected afterwards."""
         self.election.fenced_txn(success=[Delete(keys.checkpoint(job, step))])
 
+    def members(self, job: str, group: str) -> dict[str, dict[str, Any]]:
+        """The membership records of one group of a job (worker -> value), as etcd has them now."""
+        prefix = keys.members(job, group)
+        kvs, _ = self.store.range(prefix)
+        return {kv.key[len(prefix) :]: json.loads(kv.value) for kv in kvs}
+
     def checkpoints(self, job: str) -> list[dict[str, Any]]:
         """Committed snapshot records of a job, oldest first."""
         kvs, _ = self.store.range(keys.checkpoints(job))

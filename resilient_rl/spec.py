@@ -311,6 +311,14 @@ class TrainerSpec(_Section):
         "newer, so it replays at most N steps. Costs one copy of the trainer state in that process "
         "(two while a copy is arriving). 0: off.",
     )
+    hot_recovery: bool = Field(
+        True,
+        description="ddp, world >= 2: a lost rank is replaced while the surviving ranks keep their "
+        "processes and state: they re-form the process group with a new rank and send it their state, "
+        "and the interrupted step is trained again (no restore, no replay). false, or when it cannot "
+        "apply (fsdp, world 1, several ranks or a survivor unaccounted for): the whole group restarts "
+        "from the newest snapshot or shadow copy (the cold path). Events say which (`recovery`).",
+    )
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="gloo on CPU, nccl on GPU.")
     num_cpus: float = Size(1.0, gt=0, le=1024, why=_CPUS_WHY, description="CPUs Ray reserves for each rank.")
     num_gpus: float = Size(0.0, ge=0, le=64, why=_CPUS_WHY, description="GPUs Ray reserves for each rank.")

@@ -45,6 +45,8 @@ class JobRecords(Protocol):
 
     def checkpoints(self, job: str) -> list[dict[str, Any]]: ...
 
+    def members(self, job: str, group: str) -> dict[str, dict[str, Any]]: ...
+
     def record_checkpoint(self, job: str, step: int, info: dict[str, Any]) -> None: ...
 
     def forget_checkpoint(self, job: str, step: int) -> None: ...
@@ -105,6 +107,11 @@ class JobContext:
         with self.write_lock:
             self._writing(f"metrics of step {row.get('step')}")
             steplog.append(self.workdir / "metrics.jsonl", row)
+
+    def members(self, group: str) -> dict[str, dict[str, Any]]:
+        """The live membership records of ``group`` (worker -> value): a key is there while its
+        worker's lease is (etcd membership, the third detection channel)."""
+        return self.records.members(self.job, group)
 
     def checkpoints(self) -> list[dict[str, Any]]:
         return self.records.checkpoints(self.job)

@@ -109,3 +109,36 @@ class FaultPolicy:
             self.ctx.event(Kind.RECOVERED, f"step {step} committed {now - t:.1f}s after a {kind}",
                            fault=kind, step=step, seconds=round(now - t, 2))  # fmt: skip
         self.open.clear()
+
+
+class LeaseWatch:
+    """etcd membership as a detection channel (the third, beside Ray's actor errors and the
+    deadlines): a worker whose member key was seen and has been gone for ``fault.lease_ttl``
+    since is lost, even if Ray still calls its actor alive (a SIGSTOPped process, a worker cut
+    off from etcd). Gone for a TTL *after* the lease expired, not at once: a registration that
+    lost its lease to an etcd outage writes its key again within a second of etcd answering.
+    Only workers seen since the last :meth:`reset` count (a group just (re)started has not
+    registered yet)."""
+
+    def __init__(self, ttl: float, every: float = 1.0) -> None:
+        self.ttl, self.every = float(ttl), every
+        self.seen: dict[str, float] = {}  # worker -> monotonic time its key was last there
+        self._read = 0.0
+
+    def reset(self) -> None:
+        self.seen.clear()
+        self._read = 0.0
+
+    def due(self, now: float) -> bool:
+        """Whether a read of the membership is due (at most one per ``every`` seconds)."""
+        if now - self._read < self.every:
+            return False
+        self._read = now
+        return True
+
+    def observe(self, members: dict[str, Any], now: float) -> dict[str, float]:
+        """Take in the group's membership read at ``now``; returns the workers gone for at least
+        the TTL, with how long since their key was last seen."""
+        for w in members:
+            self.seen[w] = now
+        return {w: round(now - t, 2) for w, t in self.seen.items() if w not in members and now - t >= self.ttl}

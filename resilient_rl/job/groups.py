@@ -27,7 +27,7 @@ from controller.events import Kind
 from ..errors import describe_error
 from ..naming import TRAINER_ENV
 from .actors import Placement, actor_died, create_fresh, unreachable
-from .context import JobContext
+from .context import JobContext, live
 from .faults import FaultPolicy
 
 log = logging.getLogger(__name__)
@@ -386,12 +386,91 @@ class TrainerGroup:
         self.ctx.check_leader()
         t0 = time.monotonic()
         self.ctx.event(Kind.TRAINER_RESTART, f"{why}: restarting {world} trainer ranks at step {k}",
-                       world=world, group="trainer", cause=cause, resize=resize)  # fmt: skip
+                       world=world, group="trainer", cause=cause, resize=resize,
+                       **({} if resize else {"recovery": "cold"}))  # fmt: skip
         self.faults.restart("trainer", backoff=False)
         weights = self.start_retrying(k, world)
         self.ctx.event(Kind.TRAINER_RECOVERED, f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",
-                       seconds=round(time.monotonic() - t0, 2), world=world, group="trainer", resize=resize)  # fmt: skip
+                       seconds=round(time.monotonic() - t0, 2), world=world, group="trainer", resize=resize,
+                       **({} if resize else {"recovery": "cold"}))  # fmt: skip
         return weights
+
+    def recover_hot(self, k: int, refs: list[Any], why: str) -> bool:
+        """Hot recovery from lost ranks while train step ``k`` ran (``refs``, one per rank): the
+        survivors keep their processes and state, re-form the process group with a new rank in
+        each lost one's place, and send it their state (broadcast); the caller then trains step
+        ``k`` again from its journaled batch. True if done; False when only the cold path can
+        serve (nothing was changed that :meth:`restart` does not redo): no survivor (world 1),
+        not ddp (fsdp shards live on the old mesh), a survivor that does not answer, or one
+        whose state is not the committed step's (it may have applied step ``k``), or a newcomer
+        whose state fingerprint differs from the survivors'."""
+        A, c = self.actors, self.ctx
+        if self.strategy != "ddp" or self.world < 2:
+            return False
+        # the survivors' calls fail as their collective does: at once when a peer was killed, at the
+        # process group's timeout (fault.hang_timeout) when it froze
+        wait_s = max(10.0, float(c.spec.fault.lease_ttl))
+        A.wait(refs, num_returns=len(refs), timeout=wait_s)
+        lost, survivors = [], []
+        for i, ref in enumerate(refs):
+            done, _ = A.wait([ref], timeout=0)
+            if not done:
+                log.warning("job %s: trainer rank %d still in step %d after %.0fs: cold path", c.job, i, k, wait_s)
+                return False
+            try:
+                A.get(ref, timeout=0)
+                survivors.append(i)  # (its step finished: the state check below refuses it)
+            except Exception as e:
+                c.raise_if_stale(e)
+                (lost if actor_died(e) else survivors).append(i)
+        if not lost or not survivors:
+            return False
+        try:
+            status = A.get([A.call(self.ranks[i], "adopt", c.token, c.spec.digest()) for i in survivors],
+                           timeout=c.spec.fault.lease_ttl + 5.0)  # fmt: skip
+        except Exception as e:
+            c.raise_if_stale(e)
+            log.warning("job %s: a surviving trainer rank does not answer (%s): cold path", c.job, describe_error(e))
+            return False
+        if any(x["step"] != k or x["busy"] for x in status):
+            log.warning("job %s: surviving trainer ranks at steps %s, committed %d: cold path",
+                        c.job, [x["step"] for x in status], k)  # fmt: skip
+            return False
+        t0 = time.monotonic()
+        self.faults.restart("trainer", backoff=False)
+        c.event(Kind.TRAINER_RESTART, f"{why}: hot recovery of rank(s) {lost} at step {k}; the survivors "
+                f"{survivors} keep their state", world=self.world, group="trainer", cause="lost", resize=False,
+                recovery="hot", lost=lost, survivors=survivors, survivor_pids=[x["pid"] for x in status])  # fmt: skip
+        env = c.runtime_env()
+        env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
+        t = c.spec.trainer
+        placement = Placement(t.num_cpus, t.num_gpus, env)
+        for i in lost:
+            self.actors.kill(self.ranks[i])
+        fresh = {i: create_fresh(A, "trainer", c.actor_name("trainer", i),
+                                 (c.job, i, self.world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd,
+                                  self.strategy), placement)
+                 for i in lost}  # fmt: skip
+        src = survivors[0]
+        master = A.get(A.call(self.ranks[src], "address", True), timeout=30)
+        calls = [A.call(self.ranks[i], "reform", master, c.token, src) for i in survivors]
+        calls += [A.call(fresh[i], "setup", master, None, None, src) for i in lost]
+        limit = max(300.0, c.spec.fault.hang_timeout)
+        A.get(calls, timeout=limit)
+        for i in lost:
+            self.ranks[i] = fresh[i]
+        A.get([A.call(fresh[i], "adopt", c.token, c.spec.digest()) for i in lost], timeout=limit)  # fence them
+        prints = A.get([A.call(r, "fingerprint") for r in self.ranks], timeout=limit)
+        if len({(x["fingerprint"], x["step"]) for x in prints}) != 1:
+            raise RuntimeError(f"after the hot recovery the ranks' state fingerprints differ: "
+                               f"{[(x['rank'], x['fingerprint'][:12]) for x in prints]}")  # fmt: skip
+        epoch = int(c.read_state().get("trainer_epoch") or 0) + 1
+        c.update_state(expect=live, trainer_epoch=epoch)
+        secs = round(time.monotonic() - t0, 2)
+        c.event(Kind.TRAINER_RECOVERED, f"trainer group whole again at step {k} in {secs}s (hot: rank(s) {lost} "
+                f"replaced, epoch {epoch})", seconds=secs, world=self.world, group="trainer", resize=False,
+                recovery="hot", epoch=epoch, fingerprint=prints[0]["fingerprint"][:16])  # fmt: skip
+        return True
 
     def kill(self) -> None:
         """Kill every rank this job may have, by name (old runs included)."""

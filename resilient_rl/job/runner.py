@@ -44,7 +44,7 @@ from .autoscale import Autoscaler
 from .checkpointing import SnapshotFlow, close_inflight
 from .committer import StepCommitter
 from .context import JobContext, JobRecords, committable, live  # noqa: F401  (committable: re-exported)
-from .faults import FaultPolicy, classify
+from .faults import FaultPolicy, LeaseWatch, classify
 from .groups import RolloutGroup, TrainerGroup
 from .scheduler import ShardScheduler
 
@@ -97,6 +97,7 @@ class JobRunner:
         self.ctx = JobContext(self.job, self.spec, self.token, self.workdir, etcd, controller, self.actors,
                               want=self._want, want_strategy=self._strategy, stopped=self._stop)  # fmt: skip
         self.faults = FaultPolicy(self.ctx)
+        self.leases = LeaseWatch(self.spec.fault.lease_ttl)  # trainer ranks' membership (see _lease_lost)
         self.committer = StepCommitter(self.ctx)
         self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
         self._thread.start()
@@ -240,6 +241,7 @@ class JobRunner:
                 done = self._train_outcome(train)
                 if done is _RESTARTED:
                     train, snaps = None, SnapshotFlow(self.ctx, self.trainers)
+                    self.leases.reset()  # ranks replaced: their keys are new
                     continue
                 if done is not None:
                     snaps = self._committed(train, done, time.monotonic() - t_step, snaps)
@@ -284,11 +286,20 @@ class JobRunner:
         A = self.actors
         finished, unfinished = A.wait(train.refs, num_returns=len(train.refs), timeout=0)
         lost = _actor_error(A, finished)
+        if lost is None and unfinished and self._lease_lost():
+            return None  # killed: its call fails next pass, and that is a lost rank
         hung = self._trainer_hung(train.sent) if lost is None and unfinished else None
         if lost is not None or hung is not None:  # a rank died or hangs (its peers wait in a collective)
             self.faults.detected(classify("trainer", error=lost, hung=hung is not None))
             why = f"trainer rank lost ({type(lost).__name__})" if lost is not None else hung
-            w = self.trainers.restart(train.step, self.trainers.world, str(why), cause="lost" if lost else "hang")
+            cause = "lost" if lost else "hang"
+            if lost is not None:
+                hot = self._recover_hot(train, str(why))
+                if hot is None:
+                    return _RESTARTED  # the same ranks but the lost ones: step k is trained again
+                if hot:
+                    why, cause = f"{why}; hot recovery failed ({hot})", "hot_failed"
+            w = self.trainers.restart(train.step, self.trainers.world, str(why), cause=cause)
             self.weights = w if w is not None else self.weights  # re-published: the old owner may be gone
             return _RESTARTED
         if unfinished:
@@ -300,6 +311,44 @@ class JobRunner:
             raise
         self.slowest_train_s = max(self.slowest_train_s, time.monotonic() - train.sent)
         return results
+
+    def _lease_lost(self) -> bool:
+        """The membership channel, while a step trains: a rank whose member key has been gone
+        for a lease TTL (see :class:`LeaseWatch`) is frozen or cut off; it is killed, so that
+        its call fails and its peers' collective with it (a SIGSTOPped rank stays ALIVE for
+        Ray, and its peers would wait for it until the process group's timeout). True if one was."""
+        now = time.monotonic()
+        if not self.leases.due(now):
+            return False
+        try:
+            gone = self.leases.observe(self.ctx.members("trainer"), now)
+        except EtcdError:
+            return False  # etcd unreachable: no news from this channel
+        ranks = {int(w): secs for w, secs in gone.items() if w.isdigit() and int(w) < self.trainers.world}
+        if not ranks:
+            return False
+        for i, secs in sorted(ranks.items()):
+            self.ctx.event(Kind.TRAINER_HANG, f"trainer rank {i}'s membership lease expired ({secs:.1f}s without "
+                           "its key) while it trains: frozen or cut off; killing it", group="trainer", worker=i,
+                           channel="membership", detection_s=secs)  # fmt: skip
+            self.actors.kill(self.trainers.ranks[i])
+        self.leases.reset()
+        return True
+
+    def _recover_hot(self, train: Training, why: str) -> str | None:
+        """The hot path (see :meth:`TrainerGroup.recover_hot`): None when it recovered; else the
+        caller takes the cold path, which restarts the whole group: "" when the hot path did not
+        apply, the error when it failed half-way."""
+        if not self.spec.trainer.hot_recovery:
+            return ""
+        try:
+            return None if self.trainers.recover_hot(train.step, train.refs, why) else ""
+        except (NotLeader, JobFailed):
+            raise
+        except Exception as e:
+            self.ctx.raise_if_stale(e)
+            log.warning("job %s: hot recovery failed (%s): cold path", self.job, describe_error(e))
+            return describe_error(e)
 
     def _committed(self, train: Training, results: Any, secs: float, snaps: SnapshotFlow) -> SnapshotFlow:
         """Step ``train.step`` trained: commit it, hand the weights on, snapshot, resize the trainer."""
@@ -317,6 +366,7 @@ class JobRunner:
             w = self.trainers.restart(k + 1, want, f"{', '.join(change)} requested", cause="scale", resize=True)
             self.weights = w if w is not None else self.weights
             snaps = SnapshotFlow(self.ctx, self.trainers)
+            self.leases.reset()
         self.faults.committed(k)
         log.info("job %s step %d committed: reward %.3f", self.job, k, metrics["reward"])
         return snaps
@@ -374,7 +424,8 @@ class JobRunner:
         if took <= limit:
             return None
         self.ctx.event(Kind.TRAINER_HANG, f"a train step made no progress for {took:.1f}s (limit {limit:.1f}s): "
-                     "a trainer rank is frozen or deadlocked", detection_s=round(took, 2), group="trainer")  # fmt: skip
+                     "a trainer rank is frozen or deadlocked", detection_s=round(took, 2), group="trainer",
+                     channel="deadline")  # fmt: skip
         return f"trainer step hung for {took:.0f}s"
 
     def _strategy(self) -> str:

@@ -231,6 +231,13 @@ def _gather_to_rank0(
     return out[:n0]
 
 
+def _ddp(model: torch.nn.Module) -> torch.nn.Module:
+    """DDP over the default group, without its start-up broadcast from rank 0: every rank
+    already holds the same state (loaded from one source), and after a hot recovery rank 0 may
+    be the newcomer, whose freshly loaded weights must not overwrite the survivors'."""
+    return torch.nn.parallel.DistributedDataParallel(model, init_sync=False)
+
+
 class TrainCore:
     """One rank's model + optimizer (+ frozen reference) and the GRPO step (see module doc)."""
 
@@ -265,7 +272,7 @@ class TrainCore:
         self.module = model
         self.model: torch.nn.Module = model
         if self.strategy == "ddp" and world > 1:
-            self.model = torch.nn.parallel.DistributedDataParallel(model)
+            self.model = _ddp(model)
         params = [p for p in model.parameters() if p.requires_grad]
         if t.optimizer == "adamw":
             self.opt: torch.optim.Optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
@@ -538,6 +545,55 @@ class TrainCore:
                 local.copy_(tensors[key])
         apply_state_tree(state, tree)
         self.apply_state(state)
+
+    # -- hot recovery: the group re-formed, a newcomer gets a survivor's state -------
+
+    def regroup(self, rank: int, world: int) -> None:
+        """The default process group was re-formed (a lost rank replaced): wrap the model in DDP
+        again, over the new group. The model, optimizer and step are untouched. ddp only: under
+        fsdp the shards belong to the old mesh."""
+        if self.strategy != "ddp":
+            raise RuntimeError(f"a {self.strategy} trainer cannot re-form its group in place")
+        self.rank, self.world = rank, world
+        self.model = _ddp(self.module) if world > 1 else self.module
+
+    def share_state(self, src: int) -> None:
+        """Collective over the (new) group: every rank ends with rank ``src``'s model, optimizer,
+        step and RNG state (broadcast, key by key in a fixed order). ddp only (replicated state)."""
+        from checkpoints.backends import flatten_state
+
+        if self.strategy != "ddp":
+            raise RuntimeError(f"a {self.strategy} trainer's state is not replicated: use its shadow copy")
+        flat, tree = flatten_state(self.training_state({"step": self.step}))
+        head = [tree, torch.get_rng_state(), sorted(flat)]
+        dist.broadcast_object_list(head, src=src)
+        tree, rng, keys = head
+        if keys != sorted(flat):
+            raise ValueError(f"state layouts differ from rank {src}'s: {sorted(set(keys) ^ set(flat))[:5]}")
+        if self.rank == src:
+            for key in keys:
+                dist.broadcast(flat[key].detach(), src=src)
+            return
+        got = {key: torch.empty_like(flat[key].detach()) for key in keys}
+        for key in keys:
+            dist.broadcast(got[key], src=src)
+        self.load_shadow(got, tree)
+        torch.set_rng_state(rng)
+
+    def fingerprint(self) -> str:
+        """A hash of this rank's whole training state (model, optimizer, step) and RNG: equal on
+        two ranks iff they hold the same state. Costs a pass over the state (recovery only)."""
+        from checkpoints.backends import flatten_state
+
+        h = hashlib.sha256()
+        flat, tree = flatten_state(self.training_state({"step": self.step}))
+        h.update(tree.encode())
+        for key in sorted(flat):
+            t = flat[key]
+            h.update(key.encode())
+            h.update(_raw(_full(t.detach())))
+        h.update(_raw(torch.get_rng_state()))
+        return h.hexdigest()
 
     def apply_state(self, state: dict[str, Any]) -> None:
         from checkpoints.backends import apply_training_state

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 def _node_id() -> str | None:
     """The Ray node this process runs on (None outside Ray)."""
+    if not ray.is_initialized():  # (get_runtime_context would connect to any local cluster)
+        return None
     try:
         return str(ray.get_runtime_context().get_node_id())
     except Exception:  # not in a Ray worker
@@ -148,15 +150,36 @@ class TrainerRank:
         return {"rank": self.rank, "world": self.world, "step": self.step, "pid": os.getpid(), "last": last,
                 "busy": busy, "strategy": self.strategy}  # fmt: skip
 
-    def address(self) -> tuple[str, int]:
-        """Where rank 0 listens for the process group (called on rank 0 only): its node's IP
-        and the port of the rendezvous store it opens *now* and holds until the group is formed
-        (a port found free, closed and bound again later could be taken in between)."""
+    def address(self, fresh: bool = False) -> tuple[str, int]:
+        """Where the process group's rendezvous store listens: this rank's node IP and the port
+        of the store it opens *now* and holds until the group is formed (a port found free,
+        closed and bound again later could be taken in between). Rank 0 hosts it at a start;
+        at a hot recovery (``fresh``) a survivor opens a new one for the new epoch."""
         host = _node_ip()
-        if self._rendezvous is None:
+        if self._rendezvous is None or fresh:
             self._rendezvous = dist.TCPStore(host, 0, self.world, True, timeout=_RENDEZVOUS_TIMEOUT,
                                              wait_for_workers=False)  # fmt: skip
         return host, int(self._rendezvous.port)
+
+    def _join_group(self, master: tuple[str, int], joining: bool = False) -> str:
+        """Join the process group whose rendezvous store is at ``master`` (held by this rank if
+        it opened it); returns the torch device. A collective that waits on a peer longer than
+        ``fault.hang_timeout`` fails, so a survivor of a frozen peer gets its error in bounded
+        time (gloo cannot abort a collective); at least 30 s, so that ranks set up at different
+        speeds under load still meet in their first collectives."""
+        backend = self.spec.trainer.backend
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() and self.spec.trainer.num_gpus > 0 else "gloo"
+        mine = self._rendezvous
+        if mine is not None and int(mine.port) == int(master[1]) and _node_ip() == master[0]:
+            store = mine  # opened by address(): the port was never let go
+        else:  # (at a start, rank 0 without address() hosts it at the port given: standalone use)
+            host = mine is None and self.rank == 0 and not joining
+            store = dist.TCPStore(master[0], master[1], self.world, host, timeout=_RENDEZVOUS_TIMEOUT,
+                                  wait_for_workers=False)  # fmt: skip
+        timeout = timedelta(seconds=max(30.0, float(self.spec.fault.hang_timeout)))
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout)
+        return "cuda" if backend == "nccl" else "cpu"
 
     @property
     def step(self) -> int:
@@ -169,26 +192,23 @@ class TrainerRank:
         self.core.step = value
 
     def setup(
-        self, master: tuple[str, int], restore: str | None = None, shadow: dict[str, int] | None = None
+        self,
+        master: tuple[str, int],
+        restore: str | None = None,
+        shadow: dict[str, int] | None = None,
+        peer: int | None = None,
     ) -> dict[str, Any]:
         """Join the process group, load the initial model, shard it (fsdp) or wrap it (DDP),
         build the optimizer and, with ``restore``, load a committed (verified) snapshot, which
         may come from another world size or strategy, or with ``shadow`` (``{"step", "rank"}``)
-        the in-memory shadow copy that rank left in the weight store: every rank calls it
-        (collective)."""
-        backend = self.spec.trainer.backend
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() and self.spec.trainer.num_gpus > 0 else "gloo"
-        if self.rank == 0 and self._rendezvous is not None:
-            store = self._rendezvous  # opened by address(): the port was never let go
-        else:
-            store = dist.TCPStore(master[0], master[1], self.world, self.rank == 0, timeout=_RENDEZVOUS_TIMEOUT,
-                                  wait_for_workers=False)  # fmt: skip
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world,
-                                timeout=_RENDEZVOUS_TIMEOUT)  # fmt: skip
-        device = "cuda" if backend == "nccl" else "cpu"
+        the in-memory shadow copy that rank left in the weight store, or with ``peer`` the state
+        of that rank of the group (a newcomer at a hot recovery: the survivors call
+        :meth:`reform`). Every rank calls one of them (collective)."""
+        device = self._join_group(master, joining=peer is not None)
         self.core = TrainCore(self.spec, self.model_dir, self.rank, self.world, self.strategy, device)
-        if restore is not None:
+        if peer is not None:
+            self.core.share_state(peer)
+        elif restore is not None:
             self._restore(Path(restore))
         elif shadow is not None:
             store = ray.get_actor(actor_name(self.job, "weights", 0), namespace=NAMESPACE)
@@ -205,6 +225,39 @@ class TrainerRank:
             "threads": torch.get_num_threads(),  # part of the arithmetic: the lineage records it
             "strategy": self.strategy,
         }
+
+    def reform(self, master: tuple[str, int], token: int, src: int) -> dict[str, Any]:
+        """Hot recovery, on a survivor: a peer was lost. Leave the broken process group, join the
+        new one at ``master`` with the newcomer(s) (which call ``setup(peer=src)``), keep the model,
+        optimizer and step, and send rank ``src``'s state to the newcomers (collective). A step
+        interrupted by the loss was not applied (its all-reduce failed before the optimizer
+        step): the rank is at the committed step, which the leader checked before asking."""
+        check_fence(self.fence, token, "reform")
+        assert self.core is not None
+        if self._training is not None:
+            raise RuntimeError(f"rank {self.rank} is still in train step {self._training}")
+        if self._pending is not None:  # a snapshot on the old group: its collectives fail with it
+            pending = self._pending[0]
+            if not isinstance(pending, str):
+                with contextlib.suppress(SnapshotError):
+                    pending.wait()
+            self._pending = None
+        if self._shadow_send is not None:
+            self._shadow_send.join(timeout=10)
+        t0 = time.monotonic()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._join_group(master, joining=True)
+        self.core.regroup(self.rank, self.world)
+        self.core.opt.zero_grad(set_to_none=True)  # the lost step's partial gradients
+        self.core.share_state(src)
+        self.member.update(status="ready", step=self.step)
+        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "seconds": time.monotonic() - t0}
+
+    def fingerprint(self) -> dict[str, Any]:
+        """This rank's state fingerprint (model, optimizer, step, RNG; see TrainCore.fingerprint)."""
+        assert self.core is not None
+        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "fingerprint": self.core.fingerprint()}
 
     def _restore(self, path: Path) -> None:
         assert self.core is not None

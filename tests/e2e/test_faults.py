@@ -198,3 +198,60 @@ def test_crash_looping_rollout_worker_fails_job_with_clear_reason(platform: Live
     while platform.store.range(keys.members(job))[0]:
         assert time.monotonic() < deadline, platform.store.range(keys.members(job))[0]
         time.sleep(0.2)  # the failed job's workers are gone
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_ddp_rank_is_replaced_hot_and_the_run_stays_exact(platform: LivePlatform, tmp_path: Path) -> None:
+    """World 2, DDP: SIGKILL rank 1 mid-run. The survivor (rank 0, same process) re-forms the
+    group with a new rank 1 and sends it its state; no restore, no replay; every step
+    committed once and the final weights equal a fault-free replay's (`rrl verify`)."""
+    work = tmp_path / "hot"
+    steps = 10
+    job = platform.submit(_spec("e2e-hot", work, steps=steps, trainer={"replicas": 2, "shadow_every": 0},
+                                checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
+    _wait_step(platform, job, 3)
+    before = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
+    os.kill(before["trainer/1"], signal.SIGKILL)
+    state = _assert_exactly_once_and_replay(platform, job, work, steps)
+    evs = events.read(platform.store, job, limit=1000)
+    restarts = [e for e in evs if e["kind"] == "trainer_restart"]
+    assert [e["recovery"] for e in restarts] == ["hot"], restarts
+    assert restarts[0]["lost"] == [1] and restarts[0]["survivor_pids"] == [before["trainer/0"]]
+    (back,) = [e for e in evs if e["kind"] == "trainer_recovered"]
+    assert back["recovery"] == "hot" and state["trainer_epoch"] == 1
+    assert "replay" not in [e["kind"] for e in evs]  # nothing restored, nothing replayed
+
+
+@pytest.mark.timeout(600)
+def test_a_stopped_ddp_rank_is_found_by_its_lease_and_replaced_hot(platform: LivePlatform, tmp_path: Path) -> None:
+    """World 2, DDP, hang_timeout 60 s: SIGSTOP rank 1 for 3 x hang_timeout. Ray still calls it
+    alive; its membership lease expires, and the runner kills it well within hang_timeout + TTL
+    and replaces it hot. The SIGCONT then finds no process: nothing the stopped rank could do
+    lands, and rank 1's member record is the newcomer's."""
+    work = tmp_path / "stopped"
+    steps = 10
+    ttl, hang = 3, 60.0
+    job = platform.submit(_spec("e2e-stopped", work, steps=steps, trainer={"replicas": 2, "shadow_every": 0},
+                                checkpoint={"dir": str(work), "every": 50},
+                                fault={"hang_timeout": hang, "lease_ttl": ttl}))  # fmt: skip
+    _wait_step(platform, job, 3)
+    before = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
+    stopped = before["trainer/1"]
+    os.kill(stopped, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        hang_ev = _wait_event(platform, job, "trainer_hang", timeout=hang + ttl)
+        took = time.monotonic() - t0
+        assert hang_ev["channel"] == "membership" and took <= hang + ttl, (took, hang_ev)
+        after = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
+        assert after["trainer/1"] != stopped and after["trainer/0"] == before["trainer/0"]
+    finally:
+        try:
+            os.kill(stopped, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # killed while stopped, as it should be
+    _assert_exactly_once_and_replay(platform, job, work, steps)
+    evs = events.read(platform.store, job, limit=1000)
+    assert [e["recovery"] for e in evs if e["kind"] == "trainer_restart"] == ["hot"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(stopped, 0)

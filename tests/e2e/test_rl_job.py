@@ -217,11 +217,15 @@ def _wait_step(platform: LivePlatform, job: str, step: int, timeout: float = 300
         time.sleep(0.1)
 
 
-def _wait_event(platform: LivePlatform, job: str, kind: str, timeout: float = 300) -> None:
+def _wait_event(platform: LivePlatform, job: str, kind: str, timeout: float = 300) -> dict[str, Any]:
+    """The job's first event of ``kind``, once there is one."""
     from controller import events
 
     deadline = time.monotonic() + timeout
-    while kind not in [e["kind"] for e in events.read(platform.store, job, limit=1000)]:
+    while True:
+        found = [e for e in events.read(platform.store, job, limit=1000) if e["kind"] == kind]
+        if found:
+            return found[0]
         assert time.monotonic() < deadline, f"no {kind} event for {job}"
         time.sleep(0.2)
 

@@ -29,6 +29,7 @@ class FakeController:
         self.writes: list[dict[str, Any]] = []  # every state update, in order
         self.lock = threading.Lock()
         self.lineage: dict[int, dict[str, Any]] = {}
+        self.membership: dict[str, dict[str, dict[str, Any]]] = {}  # group -> worker -> value (tests set it)
 
     def read_state(self, job: str) -> dict[str, Any]:
         return dict(self.state)
@@ -42,6 +43,9 @@ class FakeController:
 
     def checkpoints(self, job: str) -> list[dict[str, Any]]:
         return [self.records[s] for s in sorted(self.records)]
+
+    def members(self, job: str, group: str) -> dict[str, dict[str, Any]]:
+        return {w: dict(v) for w, v in self.membership.get(group, {}).items()}
 
     def record_checkpoint(self, job: str, step: int, info: dict[str, Any]) -> None:
         self._fenced(f"checkpoint {step}")
@@ -126,6 +130,9 @@ class LeaderTerm:
 
     def checkpoints(self, job: str) -> list[dict[str, Any]]:
         return self.c.checkpoints(job)
+
+    def members(self, job: str, group: str) -> dict[str, dict[str, Any]]:
+        return self.c.members(job, group)
 
     def note_etcd_error(self) -> None:
         self.c.note_etcd_error()

@@ -48,10 +48,33 @@ class Script:
     shard_delay_s: float = 0.0
     train_delay_s: float = 0.0
     on_train: Any = None  # called (step, rank) at the start of every train_step
+    # train_step is a collective (as gloo's all-reduce): every rank waits for the others before it
+    # applies the step, and a rank that dies breaks it for the rest ("Connection closed by peer")
+    collective: bool = False
+    bad_fingerprint: int = 0  # newcomers whose state fingerprint comes out wrong (each one counts down)
+    bad_serials: set[int] = field(default_factory=set)  # the actors it hit
+    transfers: dict[Any, tuple[int, list[int]]] = field(default_factory=dict)  # reform master -> sent state
+    barriers: dict[int, threading.Barrier] = field(default_factory=dict)
+    broken: bool = False  # a rank died: the process group is broken until the survivors re-form it
     generated: list[tuple[int, int, int]] = field(default_factory=list)  # (step, shard, worker) journaled
     trained: list[tuple[int, int, int]] = field(default_factory=list)  # (step, rank, actor serial) applied
     layer: FakeActors | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def barrier(self, step: int, world: int) -> threading.Barrier:
+        with self.lock:
+            return self.barriers.setdefault(step, threading.Barrier(world))
+
+    def break_collective(self, step: int, which: threading.Barrier | None = None) -> None:
+        """A rank of step ``step`` died (or a peer gave up waiting on ``which``): its peers'
+        collective fails; the step's next try gets a new one."""
+        with self.lock:
+            self.broken = which is None or self.broken
+            b = self.barriers.get(step)
+            if b is not None and (which is None or b is which):
+                del self.barriers[step]
+        if b is not None:
+            b.abort()
 
     def fire(self, where: set[tuple[int, int]], key: tuple[int, int]) -> bool:
         with self.lock:
@@ -148,12 +171,46 @@ class FakeTrainer:
         self.training: int | None = None
         self.pending: int | None = None
 
-    def address(self) -> tuple[str, int]:
-        return "127.0.0.1", 0
+    def address(self, fresh: bool = False) -> tuple[str, int]:
+        return "127.0.0.1", next(_serial) if fresh else 0
 
-    def setup(self, master: tuple[str, int], restore: str | None = None) -> dict[str, Any]:
+    def reform(self, master: tuple[str, int], token: int, src: int) -> dict[str, Any]:
+        check_fence(self.fence, token, "reform")
+        if self.training is not None:
+            raise RuntimeError(f"rank {self.rank} is still in train step {self.training}")
+        with self._script.lock:
+            self._script.broken = False  # the new group
+            if self.rank == src:
+                self._script.transfers[tuple(master)] = (self.step, list(self.applied))
+        return {"rank": self.rank, "step": self.step, "pid": self.serial, "seconds": 0.0}
+
+    def fingerprint(self) -> dict[str, Any]:
+        fp = f"{self.step}:{self.digest()}"
         s = self._script
         with s.lock:
+            bad = self.serial in s.bad_serials
+        return {"rank": self.rank, "step": self.step, "pid": self.serial, "fingerprint": fp + ("!" if bad else "")}
+
+    def setup(
+        self, master: tuple[str, int], restore: str | None = None, shadow: Any = None, peer: int | None = None
+    ) -> dict[str, Any]:
+        if peer is not None:  # a newcomer of a hot recovery: the state the survivor sent
+            s = self._script
+            deadline = time.monotonic() + 10
+            while tuple(master) not in s.transfers:
+                assert time.monotonic() < deadline, "no survivor sent its state"
+                time.sleep(0.01)
+            with s.lock:
+                self.step, applied = s.transfers[tuple(master)]
+                self.applied = list(applied)
+                if s.bad_fingerprint > 0:
+                    s.bad_fingerprint -= 1
+                    s.bad_serials.add(self.serial)
+            return {"rank": self.rank, "step": self.step, "digest": self.digest(), "threads": 1,
+                    "strategy": self.strategy}  # fmt: skip
+        s = self._script
+        with s.lock:
+            s.broken = False  # a new group
             dies = s.fail_start > 0
             s.fail_start -= dies
         if dies:
@@ -186,11 +243,26 @@ class FakeTrainer:
             if s.on_train is not None:
                 s.on_train(step, self.rank)
             if s.fire(s.kill_rank_at, (step, self.rank)):
+                if s.collective:
+                    s.break_collective(step)
                 _die(self)
             if s.fire(s.hang_rank_at, (step, self.rank)):
-                _hang(self)
+                try:
+                    _hang(self)
+                finally:  # killed while frozen: its peers' collective fails (the connection closes)
+                    if s.collective:
+                        s.break_collective(step)
             time.sleep(s.train_delay_s)
             samples = self.journal.read_batch(step)  # the whole batch is journaled, or this raises
+            if s.collective and self.world > 1:
+                b = s.barrier(step, self.world)
+                try:
+                    if s.broken:
+                        raise threading.BrokenBarrierError
+                    b.wait(timeout=10)
+                except threading.BrokenBarrierError:
+                    s.break_collective(step, b)
+                    raise RuntimeError("Connection closed by peer (fake gloo all-reduce)") from None
             self.applied.append(step)
             self.step = step + 1
             with s.lock:

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _spec(tmp: Path, **over: Any) -> dict[str, Any]:
     model = tmp / "model"
-    model.mkdir(exist_ok=True)
+    model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text("{}")
     base: dict[str, Any] = {
         "name": "drv", "model": {"path": str(model)}, "steps": 4, "prompts_per_step": 4,
@@ -435,3 +435,107 @@ def test_starts_that_find_a_rank_unreachable_are_retried_without_spending_the_bu
     failed = [e for e in job.events("trainer_restart") if e["cause"] == "start_failed"]
     assert [e["budgeted"] for e in failed] == [False, False]
     assert [e["backoff_s"] for e in failed] == [0.5, 1.0]
+
+
+# -- hot recovery of the trainer group ------------------------------------------------------
+
+
+def _serials(job: Job, step: int) -> dict[int, int]:
+    """rank -> the actor (serial) that applied ``step``."""
+    return {r: a for s, r, a in job.script.trained if s == step}
+
+
+def test_a_rank_lost_mid_step_is_replaced_hot_the_survivor_keeps_its_state(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 1)}), steps=5)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (restart,) = job.events("trainer_restart")
+    assert restart["recovery"] == "hot" and restart["lost"] == [1] and restart["survivors"] == [0]
+    assert views.is_fault({"kind": "trainer_restart", **restart})
+    (back,) = job.events("trainer_recovered")
+    assert back["recovery"] == "hot" and back["epoch"] == 1 == job.c.state["trainer_epoch"]
+    assert "replay" not in job.kinds() and 3 not in job.c.lineage  # no restore, nothing replayed
+    assert _serials(job, 4)[0] == _serials(job, 0)[0]  # rank 0 is the same actor throughout
+    assert _serials(job, 4)[1] != _serials(job, 0)[1]  # rank 1 is the newcomer
+    assert job.steps_trained() == Counter({(s, r): 1 for s in range(5) for r in range(2)})  # step 3 applied once
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+    assert len(job.created("trainer")) == 3  # two at the start, one newcomer
+
+
+def test_hot_recovery_falls_back_to_the_cold_path_when_the_survivor_applied_the_step(tmp_path: Path) -> None:
+    """Without a collective the survivor finishes step 3 (it is at 4, not the committed 3): its
+    state is not the committed step's, so it is not trusted: the whole group restarts."""
+    job = Job(tmp_path, Script(kill_rank_at={(3, 1)}), steps=5)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (restart,) = job.events("trainer_restart")
+    assert restart["recovery"] == "cold" and restart["cause"] == "lost"
+    assert job.c.lineage[3]["from_step"] == 2 and _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_hot_recovery_falls_back_to_the_cold_path_when_a_newcomer_state_differs(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 1)}, bad_fingerprint=1), steps=5)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    hot, cold = job.events("trainer_restart")
+    assert hot["recovery"] == "hot" and cold["recovery"] == "cold" and cold["cause"] == "hot_failed"
+    assert "fingerprints differ" in cold["message"]
+    assert job.c.lineage[3]["from_step"] == 2 and _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_hot_recovery_off_or_world_one_takes_the_cold_path(tmp_path: Path) -> None:
+    off = Job(tmp_path / "off", Script(collective=True, kill_rank_at={(3, 1)}), steps=5,
+              trainer={"hot_recovery": False})  # fmt: skip
+    off.lead()
+    assert off.finish() == "SUCCEEDED"
+    assert [e["recovery"] for e in off.events("trainer_restart")] == ["cold"]
+    one = Job(tmp_path / "one", Script(collective=True, kill_rank_at={(3, 0)}), steps=5, trainer={"replicas": 1})
+    one.lead()
+    assert one.finish() == "SUCCEEDED"
+    assert [e["recovery"] for e in one.events("trainer_restart")] == ["cold"]
+    assert _digest_of_final_weights(off) == _digest_of_final_weights(one) == "0,1,2,3,4"
+
+
+def test_both_ranks_lost_at_once_take_the_cold_path(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 0), (3, 1)}), steps=5)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert [e["recovery"] for e in job.events("trainer_restart")] == ["cold"]
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_a_trainer_rank_whose_lease_expired_is_killed_and_replaced_hot(tmp_path: Path) -> None:
+    """The membership channel: rank 1 hangs in step 3 (alive for the actor layer, as a SIGSTOPped
+    process is for Ray); its member key vanishes (its lease expired). The runner kills it a
+    lease TTL later, and the lost rank takes the hot path; nothing waits for a step deadline."""
+    job = Job(tmp_path, Script(collective=True), steps=5, fault={"hang_timeout": 600, "lease_ttl": 2})
+    both = {"0": {"pid": 1, "status": "ready"}, "1": {"pid": 2, "status": "ready"}}
+    job.c.membership = {"trainer": dict(both)}
+
+    def freeze(step: int, rank: int) -> None:
+        if step == 3 and rank == 1 and not job.events("trainer_hang"):
+            job.c.membership = {"trainer": {"0": both["0"]}}  # rank 1's lease expired
+            job.script.hang_rank_at.add((3, 1))
+        elif step == 3 and rank == 1:
+            job.c.membership = {"trainer": dict(both)}  # the newcomer registered
+
+    job.script.on_train = freeze
+    job.lead()
+    assert job.finish(timeout=60) == "SUCCEEDED"
+    (hang,) = job.events("trainer_hang")
+    assert hang["channel"] == "membership" and hang["worker"] == 1 and 2 <= hang["detection_s"] < 10
+    assert [e["recovery"] for e in job.events("trainer_restart")] == ["hot"]
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_a_lease_watch_counts_only_workers_it_saw_and_waits_a_ttl() -> None:
+    from resilient_rl.job.faults import LeaseWatch
+
+    w = LeaseWatch(ttl=5, every=1)
+    assert w.observe({}, 0.0) == {}  # never seen: a group still starting is not lost
+    assert w.observe({"0": {}, "1": {}}, 1.0) == {}
+    assert w.observe({"0": {}}, 4.0) == {}  # gone 3 s: within the TTL (a re-registration may come)
+    assert w.observe({"0": {}}, 6.0) == {"1": 5.0}
+    assert w.observe({"0": {}, "1": {}}, 7.0) == {}  # back: not lost
+    w.reset()
+    assert w.observe({}, 100.0) == {} and w.due(100.0) and not w.due(100.5) and w.due(101.0)
