@@ -319,6 +319,17 @@ class TrainerSpec(_Section):
         "apply (fsdp, world 1, several ranks or a survivor unaccounted for): the whole group restarts "
         "from the newest snapshot or shadow copy (the cold path). Events say which (`recovery`).",
     )
+    spares: int = Size(
+        1,
+        ge=0,
+        le=8,
+        why="a spare holds a rank's CPUs and memory while it waits",
+        description="Warm spare trainer processes (ddp, world >= 2, hot_recovery): started beside the "
+        "ranks with torch imported and the model and optimizer built, in no process group. A hot recovery "
+        "promotes one in the lost rank's place (it receives the state: no process start, no model load) "
+        "and a new spare is started in the background. Each spare reserves num_cpus / num_gpus like a "
+        "rank and shows in membership as `trainer-spare`. 0: a new process is started at the recovery.",
+    )
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="gloo on CPU, nccl on GPU.")
     num_cpus: float = Size(1.0, gt=0, le=1024, why=_CPUS_WHY, description="CPUs Ray reserves for each rank.")
     num_gpus: float = Size(0.0, ge=0, le=64, why=_CPUS_WHY, description="GPUs Ray reserves for each rank.")

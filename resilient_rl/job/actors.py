@@ -59,6 +59,9 @@ class Actors(Protocol):
     def find(self, name: str) -> Any | None:
         """The live actor of that name, or None."""
 
+    def names(self, prefix: str) -> list[str]:
+        """The names of the live actors (of this namespace) that start with ``prefix``, sorted."""
+
     def call(self, actor: Any, method: str, *args: Any) -> Any:
         """Send one call; returns its reference at once."""
 
@@ -228,6 +231,12 @@ class RayActors:
             return ray.get_actor(name, namespace=self.namespace)
         except ValueError:
             return None
+
+    def names(self, prefix: str) -> list[str]:
+        import ray
+
+        found = ray.util.list_named_actors(all_namespaces=True)
+        return sorted(a["name"] for a in found if a.get("namespace") == self.namespace and a["name"].startswith(prefix))
 
     def call(self, actor: Any, method: str, *args: Any) -> Any:
         return getattr(actor, method).remote(*args)

@@ -210,6 +210,9 @@ class TrainerGroup:
         self.model_dir = model_dir
         self.ranks: list[Any] = []
         self.strategy = ctx.strategy()  # what the running ranks train under (set by start / adopt)
+        self.spares: list[tuple[str, Any]] = []  # warm spares (name, actor), ready to be promoted
+        self._warming: dict[Any, tuple[str, Any]] = {}  # warm() call -> (name, actor)
+        self._spare_seq = 0
 
     @property
     def world(self) -> int:
@@ -232,6 +235,8 @@ class TrainerGroup:
         env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
         placement = Placement(t.num_cpus, t.num_gpus, env)
         strategy = self.strategy = c.strategy()
+        if c.read_state().get("trainer_actors"):
+            c.update_state(expect=live, trainer_actors=None)  # every rank under its own name again
         self.ranks = [
             create_fresh(A, "trainer", c.actor_name("trainer", i),
                          (c.job, i, world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd, strategy),
@@ -300,7 +305,7 @@ class TrainerGroup:
         step in progress, so the steps it reports are settled.
         """
         A = self.actors
-        found = [A.find(self.ctx.actor_name("trainer", i)) for i in range(world)]
+        found = [A.find(name) for name in self.rank_names(world)]
         if not found or any(a is None for a in found):
             return None
         # adopt answers from its own concurrency group: a rank that cannot answer within the lease
@@ -337,6 +342,10 @@ class TrainerGroup:
             return None
         s = steps.pop()
         self.ranks, self.strategy = found, strategies.pop()
+        serving = set(self.rank_names(world))
+        for name in A.names(self.ctx.actor_name("trainer-spare", 0).rsplit(":", 1)[0] + ":"):
+            if name not in serving and (a := A.find(name)) is not None:
+                A.kill(a)  # a previous leader's idle spare: unfenced; fill_spares starts fresh ones
         weights = None
         if s > 0:
             ws = A.find(self.ctx.actor_name("weights", 0))
@@ -447,19 +456,26 @@ class TrainerGroup:
         placement = Placement(t.num_cpus, t.num_gpus, env)
         for i in lost:
             self.actors.kill(self.ranks[i])
+        promoted = {i: a for i in lost if (a := self._take_spare()) is not None}
         fresh = {i: create_fresh(A, "trainer", c.actor_name("trainer", i),
                                  (c.job, i, self.world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd,
                                   self.strategy), placement)
-                 for i in lost}  # fmt: skip
+                 for i in lost if i not in promoted}  # fmt: skip
         src = survivors[0]
         master = A.get(A.call(self.ranks[src], "address", True), timeout=30)
         calls = [A.call(self.ranks[i], "reform", master, c.token, src) for i in survivors]
-        calls += [A.call(fresh[i], "setup", master, None, None, src) for i in lost]
+        calls += [A.call(a, "promote", master, i, self.world, c.token, src) for i, (_, a) in promoted.items()]
+        calls += [A.call(a, "setup", master, None, None, src) for i, a in fresh.items()]
         limit = max(300.0, c.spec.fault.hang_timeout)
         A.get(calls, timeout=limit)
+        for i, a in {**{i: a for i, (_, a) in promoted.items()}, **fresh}.items():
+            self.ranks[i] = a
+        A.get([A.call(fresh[i], "adopt", c.token, c.spec.digest()) for i in fresh], timeout=limit)  # fence them
+        names = dict(c.read_state().get("trainer_actors") or {})
         for i in lost:
-            self.ranks[i] = fresh[i]
-        A.get([A.call(fresh[i], "adopt", c.token, c.spec.digest()) for i in lost], timeout=limit)  # fence them
+            names.pop(str(i), None)
+        names.update({str(i): name for i, (name, _) in promoted.items()})
+        c.update_state(expect=live, trainer_actors=names or None)
         prints = A.get([A.call(r, "fingerprint") for r in self.ranks], timeout=limit)
         if len({(x["fingerprint"], x["step"]) for x in prints}) != 1:
             raise RuntimeError(f"after the hot recovery the ranks' state fingerprints differ: "
@@ -469,16 +485,83 @@ class TrainerGroup:
         secs = round(time.monotonic() - t0, 2)
         c.event(Kind.TRAINER_RECOVERED, f"trainer group whole again at step {k} in {secs}s (hot: rank(s) {lost} "
                 f"replaced, epoch {epoch})", seconds=secs, world=self.world, group="trainer", resize=False,
-                recovery="hot", epoch=epoch, fingerprint=prints[0]["fingerprint"][:16])  # fmt: skip
+                recovery="hot", epoch=epoch, fingerprint=prints[0]["fingerprint"][:16],
+                spares_used=len(promoted))  # fmt: skip
+        self.fill_spares()
         return True
 
+    def rank_names(self, world: int) -> list[str]:
+        """The actor names of ranks 0..world-1: ``trainer:{i}``, or the name of the spare that
+        was promoted in its place (recorded in the job's state, for a new leader's adopt)."""
+        promoted = self.ctx.read_state().get("trainer_actors") or {}
+        return [str(promoted.get(str(i)) or self.ctx.actor_name("trainer", i)) for i in range(world)]
+
     def kill(self) -> None:
-        """Kill every rank this job may have, by name (old runs included)."""
-        for i in range(max(self.world, 64)):
-            a = self.actors.find(self.ctx.actor_name("trainer", i))
-            if a is None:
-                if i >= self.world:
-                    break
+        """Kill every rank and spare this job may have, by name (old runs included)."""
+        A = self.actors
+        for group in ("trainer", "trainer-spare"):
+            for name in A.names(self.ctx.actor_name(group, 0).rsplit(":", 1)[0] + ":"):
+                a = A.find(name)
+                if a is not None:
+                    A.kill(a)
+        self.ranks, self.spares, self._warming = [], [], {}
+
+    # -- warm spares -----------------------------------------------------------------
+
+    def spares_wanted(self) -> int:
+        """``trainer.spares`` where a hot recovery can use them (ddp, world >= 2), else 0."""
+        t = self.ctx.spec.trainer
+        return t.spares if t.hot_recovery and self.strategy == "ddp" and self.world >= 2 else 0
+
+    def fill_spares(self) -> None:
+        """Take in the spares that finished warming (a failed one is dropped) and start new ones
+        up to :meth:`spares_wanted`, in the background: nothing here waits for a spare. Called
+        once per pass of the step loop."""
+        A, c = self.actors, self.ctx
+        for ref, (name, a) in list(self._warming.items()):
+            if not A.wait([ref], timeout=0)[0]:
                 continue
-            self.actors.kill(a)
-        self.ranks = []
+            del self._warming[ref]
+            try:
+                A.get(ref, timeout=0)
+                self.spares.append((name, a))
+            except Exception as e:
+                c.raise_if_stale(e)
+                log.warning("job %s: trainer spare %s failed to warm (%s): starting another", c.job, name,
+                            describe_error(e))  # fmt: skip
+                A.kill(a)
+        if len(self.spares) + len(self._warming) >= self.spares_wanted() or not self.ranks:
+            return
+        prefix = c.actor_name("trainer-spare", 0).rsplit(":", 1)[0] + ":"
+        taken = [int(n.rsplit(":", 1)[1]) for n in A.names(prefix) if n.rsplit(":", 1)[1].isdigit()]
+        self._spare_seq = max([self._spare_seq, *[t + 1 for t in taken]])
+        env = c.runtime_env()
+        env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
+        t = c.spec.trainer
+        while len(self.spares) + len(self._warming) < self.spares_wanted():
+            n, self._spare_seq = self._spare_seq, self._spare_seq + 1
+            name = c.actor_name("trainer-spare", n)
+            try:
+                a = A.create("trainer", name, (c.job, 0, self.world, c.spec.to_json(), self.model_dir,
+                                               str(c.workdir), c.etcd, self.strategy, n),
+                             Placement(t.num_cpus, t.num_gpus, env))  # fmt: skip
+            except ValueError as e:  # the name of a spare just killed (Ray frees it once it saw the death)
+                if "taken" not in str(e):
+                    raise
+                continue
+            self._warming[A.call(a, "warm")] = (name, a)
+
+    def _take_spare(self) -> tuple[str, Any] | None:
+        """A warm spare that answers (its fence raised to this leader's), or None. A spare that
+        died while idle is dropped; a new one is started by the next :meth:`fill_spares`."""
+        A, c = self.actors, self.ctx
+        while self.spares:
+            name, a = self.spares.pop(0)
+            try:
+                A.get(A.call(a, "adopt", c.token, c.spec.digest()), timeout=c.spec.fault.lease_ttl + 5.0)
+                return name, a
+            except Exception as e:
+                c.raise_if_stale(e)
+                log.warning("job %s: a trainer spare is gone (%s): trying the next", c.job, describe_error(e))
+                A.kill(a)
+        return None

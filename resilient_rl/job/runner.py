@@ -21,6 +21,7 @@ runner cannot commit anything.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -264,6 +265,7 @@ class JobRunner:
                                f"({queued} shards queued, {len(rollouts.idle)} idle)",
                                size=self.autoscaler.size)  # fmt: skip
         rollouts.resize(self._want("rollout"), self.version, self.weights)
+        self.trainers.fill_spares()
         self._pause_tick(busy=train is not None)
 
     def _train(self, k: int, batch: dict[int, dict[str, Any]]) -> Training:
@@ -499,6 +501,11 @@ class JobRunner:
         A = self.actors
         if not self._connected:
             return
+        for name in A.names(actor_name(self.job, "trainer-spare", 0).rsplit(":", 1)[0] + ":"):
+            if (spare := A.find(name)) is not None:  # spares (and promoted ones) have names beyond the indices
+                with contextlib.suppress(Exception):
+                    A.get(A.call(spare, "shutdown"), timeout=5)
+                A.kill(spare)
         for g in ("rollout", "trainer", "weights"):
             for i in range(max(16, self._want(g) if g != "weights" else 1, self.spec.rollout.max_replicas or 0)):
                 actor = A.find(actor_name(self.job, g, i))

@@ -98,6 +98,7 @@ class TrainerRank:
         workdir: str,
         etcd: str,
         strategy: str | None = None,
+        spare: int | None = None,
     ) -> None:
         torch.set_num_threads(max(1, int(os.environ.get("RRL_WORKER_THREADS", "1"))))
         torch.use_deterministic_algorithms(True)
@@ -106,9 +107,11 @@ class TrainerRank:
         self.model_dir = model_dir
         self.journal = Journal(os.path.join(workdir, "journal"))
         self.store = Store(etcd, timeout=2.0, retry_window=30.0)
-        self.member = Registration(
-            self.store, job, "trainer", str(rank), ttl=self.spec.fault.lease_ttl, world=world, ray_node=_node_id()
-        )
+        self.spare = spare  # a warm spare's index until it is promoted (see warm / promote)
+        if spare is None:
+            self.member = self._register("trainer", str(rank))
+        else:
+            self.member = self._register("trainer-spare", str(spare), status="warming")
         self.strategy = strategy or self.spec.trainer.strategy  # the spec's, or `rrl scale --strategy`
         self.core: TrainCore | None = None
         self.backend = make_backend(self.spec.checkpoint.backend)
@@ -120,6 +123,44 @@ class TrainerRank:
         self._shadow_buf: dict[str, torch.Tensor] = {}  # staging of the shadow copy, reused
         self._shadow_send: threading.Thread | None = None  # the copy being handed to the store
         self.shadow_blocking_s: float | None = None  # what the newest shadow copy cost the step
+
+    def _register(self, group: str, worker: str, **fields: Any) -> Registration:
+        return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, world=self.world,
+                            ray_node=_node_id(), **fields)  # fmt: skip
+
+    def warm(self) -> dict[str, Any]:
+        """A spare: build the model and optimizer now, alone (world 1, no process group), so that
+        a promotion only joins a group and receives the state."""
+        t0 = time.monotonic()
+        self.core = TrainCore(self.spec, self.model_dir, 0, 1, "ddp", self._device())
+        self.member.update(status="spare")
+        return {"spare": self.spare, "pid": os.getpid(), "seconds": round(time.monotonic() - t0, 3)}
+
+    def promote(self, master: tuple[str, int], rank: int, world: int, token: int, src: int) -> dict[str, Any]:
+        """Hot recovery with a warm spare: become rank ``rank`` of ``world`` (its membership key
+        too), join the new group at ``master`` with the survivors (which call :meth:`reform`) and
+        receive rank ``src``'s state (collective)."""
+        check_fence(self.fence, token, "promote")
+        if self.spare is None:
+            raise RuntimeError(f"rank {self.rank} is not a spare")
+        t0 = time.monotonic()
+        self.rank, self.world, self.spare = rank, world, None
+        old, self.member = self.member, self._register("trainer", str(rank))
+        old.close()
+        device = self._join_group(master, joining=True)
+        if self.core is None:  # not warmed yet: build it now (collective under ddp at world > 1)
+            self.core = TrainCore(self.spec, self.model_dir, rank, world, self.strategy, device)
+        else:
+            self.core.regroup(rank, world)
+        self.core.share_state(src)
+        self.member.update(status="ready", step=self.step, strategy=self.strategy)
+        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "seconds": time.monotonic() - t0}
+
+    def _device(self) -> str:
+        backend = self.spec.trainer.backend
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() and self.spec.trainer.num_gpus > 0 else "gloo"
+        return "cuda" if backend == "nccl" else "cpu"
 
     @ray.method(concurrency_group="control")
     def adopt(self, token: int, spec_digest: str) -> dict[str, Any]:

@@ -206,11 +206,16 @@ def test_a_killed_ddp_rank_is_replaced_hot_and_the_run_stays_exact(platform: Liv
     group with a new rank 1 and sends it its state; no restore, no replay; every step
     committed once and the final weights equal a fault-free replay's (`rrl verify`)."""
     work = tmp_path / "hot"
-    steps = 10
-    job = platform.submit(_spec("e2e-hot", work, steps=steps, trainer={"replicas": 2, "shadow_every": 0},
+    steps = 40  # long enough for the spare to warm up beside the first steps
+    job = platform.submit(_spec("e2e-hot", work, steps=steps, trainer={"replicas": 2, "shadow_every": 0, "spares": 1},
                                 checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
     _wait_step(platform, job, 3)
     before = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
+    deadline = time.monotonic() + 120
+    while jobs.get(platform.store, job).members.get("trainer-spare", {}).get("0", {}).get("status") != "spare":
+        assert jobs.get(platform.store, job).phase == "RUNNING", "the job ended before its spare was ready"
+        assert time.monotonic() < deadline, ("the warm spare never got ready", jobs.get(platform.store, job).members)
+        time.sleep(0.2)
     os.kill(before["trainer/1"], signal.SIGKILL)
     state = _assert_exactly_once_and_replay(platform, job, work, steps)
     evs = events.read(platform.store, job, limit=1000)
@@ -219,6 +224,7 @@ def test_a_killed_ddp_rank_is_replaced_hot_and_the_run_stays_exact(platform: Liv
     assert restarts[0]["lost"] == [1] and restarts[0]["survivor_pids"] == [before["trainer/0"]]
     (back,) = [e for e in evs if e["kind"] == "trainer_recovered"]
     assert back["recovery"] == "hot" and state["trainer_epoch"] == 1
+    assert back["spares_used"] == 1, back  # the warm spare took rank 1: no process started on the critical path
     assert "replay" not in [e["kind"] for e in evs]  # nothing restored, nothing replayed
 
 

@@ -148,6 +148,18 @@ def check_names_are_unique_among_live_actors_and_freed_by_death(actors: Any) -> 
     actors.kill(b)
 
 
+def check_names_lists_the_live_actors_of_a_prefix(actors: Any) -> None:
+    name, a = _new(actors)
+    actors.get(actors.call(a, "seen"), timeout=30)
+    prefix = name.rsplit(":", 1)[0] + ":"
+    assert name in actors.names(prefix) and actors.names(name + "-nothing") == []
+    actors.kill(a)
+    deadline = time.monotonic() + 20
+    while name in actors.names(prefix):  # gone once the death is seen
+        assert time.monotonic() < deadline, "a killed actor is still listed"
+        time.sleep(0.1)
+
+
 def check_a_task_runs_a_function_elsewhere(actors: Any) -> None:
     assert actors.get(actors.task(_square, 7), timeout=60) == 49
 

@@ -189,6 +189,10 @@ class FakeActors:
             a = self._live.get(name)
             return a if a is not None and a.alive else None
 
+    def names(self, prefix: str) -> list[str]:
+        with self._cond:
+            return sorted(n for n, a in self._live.items() if a.alive and n.startswith(prefix))
+
     def call(self, actor: _Actor, method: str, *args: Any) -> FakeRef:
         self.calls.append((actor.name, method, args))
         return actor.submit(method, args)

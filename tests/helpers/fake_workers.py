@@ -53,6 +53,8 @@ class Script:
     collective: bool = False
     bad_fingerprint: int = 0  # newcomers whose state fingerprint comes out wrong (each one counts down)
     bad_serials: set[int] = field(default_factory=set)  # the actors it hit
+    spare_dies: int = 0  # trainer spares that die while warming (each one counts down)
+    promoted: list[int] = field(default_factory=list)  # serials of the spares promoted to ranks
     transfers: dict[Any, tuple[int, list[int]]] = field(default_factory=dict)  # reform master -> sent state
     barriers: dict[int, threading.Barrier] = field(default_factory=dict)
     broken: bool = False  # a rank died: the process group is broken until the survivors re-form it
@@ -159,8 +161,10 @@ class FakeTrainer:
         workdir: str,
         etcd: str,
         strategy: str | None = None,
+        spare: int | None = None,
     ) -> None:
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.spare = rank, world, spare
+        self.warmed = False
         self.strategy = strategy or "ddp"
         self.journal = Journal(Path(workdir) / "journal")
         self.serial = next(_serial)
@@ -183,6 +187,34 @@ class FakeTrainer:
             if self.rank == src:
                 self._script.transfers[tuple(master)] = (self.step, list(self.applied))
         return {"rank": self.rank, "step": self.step, "pid": self.serial, "seconds": 0.0}
+
+    def warm(self) -> dict[str, Any]:
+        s = self._script
+        with s.lock:
+            dies = s.spare_dies > 0
+            s.spare_dies -= dies
+        if dies:
+            _die(self)
+        self.warmed = True
+        return {"spare": self.spare, "pid": self.serial, "seconds": 0.0}
+
+    def promote(self, master: tuple[str, int], rank: int, world: int, token: int, src: int) -> dict[str, Any]:
+        check_fence(self.fence, token, "promote")
+        assert self.spare is not None and self.warmed
+        self.rank, self.world, self.spare = rank, world, None
+        s = self._script
+        deadline = time.monotonic() + 10
+        while tuple(master) not in s.transfers:
+            assert time.monotonic() < deadline, "no survivor sent its state"
+            time.sleep(0.01)
+        with s.lock:
+            self.step, applied = s.transfers[tuple(master)]
+            self.applied = list(applied)
+            s.promoted.append(self.serial)
+            if s.bad_fingerprint > 0:
+                s.bad_fingerprint -= 1
+                s.bad_serials.add(self.serial)
+        return {"rank": rank, "step": self.step, "pid": self.serial, "seconds": 0.0}
 
     def fingerprint(self) -> dict[str, Any]:
         fp = f"{self.step}:{self.digest()}"
