@@ -86,7 +86,7 @@ def condense(rep: dict[str, Any]) -> dict[str, Any]:
 
 
 def trainer_scenario(hot: bool, kills: int, name: str) -> dict[str, Any]:
-    """A chaos scenario of ``kills`` trainer-rank SIGKILLs, 8 steps apart, on a DDP world-2 job
+    """A chaos scenario of ``kills`` trainer-rank SIGKILLs, 24 steps apart, on a DDP world-2 job
     (the hot path's case), with ``trainer.hot_recovery`` on or off."""
     return {
         "name": name,
@@ -95,10 +95,10 @@ def trainer_scenario(hot: bool, kills: int, name: str) -> dict[str, Any]:
             "name": name, "model": {"init": {}}, "task": {"kind": "copy", "num_prompts": 64},
             "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 6, "n": 4}},
             "trainer": {"replicas": 2, "lr": 0.002, "hot_recovery": hot},
-            "prompts_per_step": 4, "steps": 8 * kills + 12, "seed": 7,
+            "prompts_per_step": 4, "steps": 24 * kills + 12, "seed": 7,
             "checkpoint": {"every": 10, "keep": 2}, "fault": {"hang_timeout": 5.0, "lease_ttl": 3},
         },
-        "faults": [{"kind": "trainer_kill", "at": {"step": 6 + 8 * i}, "target": 1 - i % 2} for i in range(kills)],
+        "faults": [{"kind": "trainer_kill", "at": {"step": 24 + 24 * i}, "target": 1 - i % 2} for i in range(kills)],
         "settle_timeout_s": 240,
         "timeout_s": 900,
     }  # fmt: skip
@@ -123,15 +123,21 @@ def trainer_paths(kills: int, out: Path) -> int:
         new = [x / "report.json" for x in sorted(set(d.iterdir()) - before) if (x / "report.json").exists()]
         if not new:
             raise RuntimeError(f"the chaos run (exit {rc}) wrote no report.json under {d}")
-        rep = condense({**json.loads(new[-1].read_text()), "exit_code": rc})
+        full = json.loads(new[-1].read_text())
+        rep = condense({**full, "exit_code": rc})
+        recs = [e for e in full.get("events", []) if e.get("kind") == "trainer_recovered"]
+        rep["recoveries"] = [{k: e.get(k) for k in ("recovery", "seconds", "spares_used")} for e in recs]
         runs[mode] = rep
         fs = [f for f in rep["faults"] if f["status"] == "injected"]
         green = all(i["ok"] for i in rep["invariants"])
+        spared = sum(bool(r.get("spares_used")) for r in rep["recoveries"])
         rows.append([mode, f"{len(fs)}/{rep['scheduled']}", "green" if green else "**VIOLATED**",
-                     *[fmt([f[c] for f in fs if f[c] is not None]) for c in FIGS]])  # fmt: skip
+                     *[fmt([f[c] for f in fs if f[c] is not None]) for c in FIGS],
+                     fmt([r["seconds"] for r in rep["recoveries"] if r.get("seconds") is not None]),
+                     f"{spared}/{len(rep['recoveries'])}"])  # fmt: skip
     print("\nTrainer rank SIGKILLed, world 2 DDP, seconds after injection, median (min-max) over faults\n")
-    print(table(["recovery", "faults injected", "invariants", "detection", "next commit", "group size restored"],
-                rows))  # fmt: skip
+    print(table(["recovery", "faults injected", "invariants", "detection", "next commit", "group size restored",
+                 "recovery itself", "warm spare used"], rows))  # fmt: skip
     path = save("recovery-trainer", {"kills": kills, "runs": runs})
     print(f"\nresults: {path}")
     return 0 if all(all(i["ok"] for i in r["invariants"]) for r in runs.values()) else 1
