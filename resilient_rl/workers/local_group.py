@@ -9,11 +9,12 @@ traceback. The processes are the caller's children, killed by handle on timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,21 @@ def _entry(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], a
         pickle.dump(result, f)
 
 
+@contextlib.contextmanager
+def trainer_env() -> Iterator[None]:
+    """``TRAINER_ENV`` in this process's environment while child processes are started."""
+    saved = {k: os.environ.get(k) for k in TRAINER_ENV}
+    os.environ.update(TRAINER_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run(world: int, fn: Callable[..., Any], *args: Any, timeout: float = 600) -> list[Any]:
     import multiprocessing as mp
 
@@ -49,17 +65,9 @@ def run(world: int, fn: Callable[..., Any], *args: Any, timeout: float = 600) ->
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="rrl-dist-") as out:
         procs = [ctx.Process(target=_entry, args=(r, world, port, out, fn, args), daemon=True) for r in range(world)]
-        saved = {k: os.environ.get(k) for k in TRAINER_ENV}
-        os.environ.update(TRAINER_ENV)  # the children start with it, as the job's ranks do
-        try:
+        with trainer_env():  # the children start with it, as the job's ranks do
             for p in procs:
                 p.start()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         try:
             for p in procs:
                 p.join(timeout)

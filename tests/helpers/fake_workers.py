@@ -202,6 +202,13 @@ class FakeTrainer:
         check_fence(self.fence, token, "promote")
         assert self.spare is not None and self.warmed
         self.rank, self.world, self.spare = rank, world, None
+        self._receive(master)
+        with self._script.lock:
+            self._script.promoted.append(self.serial)
+        return {"rank": rank, "step": self.step, "pid": self.serial, "seconds": 0.0}
+
+    def _receive(self, master: tuple[str, int]) -> None:
+        """A newcomer of a hot recovery takes the state the survivor sent for ``master``."""
         s = self._script
         deadline = time.monotonic() + 10
         while tuple(master) not in s.transfers:
@@ -210,11 +217,9 @@ class FakeTrainer:
         with s.lock:
             self.step, applied = s.transfers[tuple(master)]
             self.applied = list(applied)
-            s.promoted.append(self.serial)
             if s.bad_fingerprint > 0:
                 s.bad_fingerprint -= 1
                 s.bad_serials.add(self.serial)
-        return {"rank": rank, "step": self.step, "pid": self.serial, "seconds": 0.0}
 
     def fingerprint(self) -> dict[str, Any]:
         fp = f"{self.step}:{self.digest()}"
@@ -227,17 +232,7 @@ class FakeTrainer:
         self, master: tuple[str, int], restore: str | None = None, shadow: Any = None, peer: int | None = None
     ) -> dict[str, Any]:
         if peer is not None:  # a newcomer of a hot recovery: the state the survivor sent
-            s = self._script
-            deadline = time.monotonic() + 10
-            while tuple(master) not in s.transfers:
-                assert time.monotonic() < deadline, "no survivor sent its state"
-                time.sleep(0.01)
-            with s.lock:
-                self.step, applied = s.transfers[tuple(master)]
-                self.applied = list(applied)
-                if s.bad_fingerprint > 0:
-                    s.bad_fingerprint -= 1
-                    s.bad_serials.add(self.serial)
+            self._receive(master)
             return {"rank": self.rank, "step": self.step, "digest": self.digest(), "threads": 1,
                     "strategy": self.strategy}  # fmt: skip
         s = self._script

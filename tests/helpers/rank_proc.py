@@ -12,7 +12,7 @@ import signal
 import traceback
 from typing import Any
 
-from resilient_rl.naming import TRAINER_ENV
+from resilient_rl.workers.local_group import trainer_env
 
 
 def _serve(conn: Any, args: tuple[Any, ...]) -> None:
@@ -34,17 +34,9 @@ class RankProc:
     def __init__(self, *args: Any) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        saved = {k: os.environ.get(k) for k in TRAINER_ENV}
-        os.environ.update(TRAINER_ENV)
-        try:
-            self.proc = ctx.Process(target=_serve, args=(child, args), daemon=True)
+        self.proc = ctx.Process(target=_serve, args=(child, args), daemon=True)
+        with trainer_env():  # as the job's ranks start
             self.proc.start()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         self.pid = self.proc.pid
 
     def send(self, method: str, *args: Any, **kwargs: Any) -> RankProc:
