@@ -266,6 +266,7 @@ class JobRunner:
                                size=self.autoscaler.size)  # fmt: skip
         rollouts.resize(self._want("rollout"), self.version, self.weights)
         self.trainers.fill_spares()
+        self._lease_lost(training=train is not None)
         self._pause_tick(busy=train is not None)
 
     def _train(self, k: int, batch: dict[int, dict[str, Any]]) -> Training:
@@ -288,8 +289,6 @@ class JobRunner:
         A = self.actors
         finished, unfinished = A.wait(train.refs, num_returns=len(train.refs), timeout=0)
         lost = _actor_error(A, finished)
-        if lost is None and unfinished and self._lease_lost():
-            return None  # killed: its call fails next pass, and that is a lost rank
         hung = self._trainer_hung(train.sent) if lost is None and unfinished else None
         if lost is not None or hung is not None:  # a rank died or hangs (its peers wait in a collective)
             self.faults.detected(classify("trainer", error=lost, hung=hung is not None))
@@ -314,11 +313,13 @@ class JobRunner:
         self.slowest_train_s = max(self.slowest_train_s, time.monotonic() - train.sent)
         return results
 
-    def _lease_lost(self) -> bool:
-        """The membership channel, while a step trains: a rank whose member key has been gone
-        for a lease TTL (see :class:`LeaseWatch`) is frozen or cut off; it is killed, so that
-        its call fails and its peers' collective with it (a SIGSTOPped rank stays ALIVE for
-        Ray, and its peers would wait for it until the process group's timeout). True if one was."""
+    def _lease_lost(self, training: bool) -> bool:
+        """The membership channel, read once a second on every pass (so that every rank's key is
+        seen, however short the steps): while a step trains, a rank whose member key has been gone
+        for a lease TTL (see :class:`LeaseWatch`) is frozen or cut off; it is killed, so that its
+        call fails and its peers' collective with it (a SIGSTOPped rank stays ALIVE for Ray, and
+        its peers would wait for it until the process group's timeout); the step's outcome then
+        sees a lost rank. True if one was."""
         now = time.monotonic()
         if not self.leases.due(now):
             return False
@@ -327,7 +328,7 @@ class JobRunner:
         except EtcdError:
             return False  # etcd unreachable: no news from this channel
         ranks = {int(w): secs for w, secs in gone.items() if w.isdigit() and int(w) < self.trainers.world}
-        if not ranks:
+        if not ranks or not training:
             return False
         for i, secs in sorted(ranks.items()):
             self.ctx.event(Kind.TRAINER_HANG, f"trainer rank {i}'s membership lease expired ({secs:.1f}s without "
