@@ -518,21 +518,11 @@ class TrainerGroup:
         up to :meth:`spares_wanted`, in the background: nothing here waits for a spare. Called
         once per pass of the step loop."""
         A, c = self.actors, self.ctx
-        for ref, (name, a) in list(self._warming.items()):
-            if not A.wait([ref], timeout=0)[0]:
-                continue
-            del self._warming[ref]
-            try:
-                A.get(ref, timeout=0)
-                self.spares.append((name, a))
-            except Exception as e:
-                c.raise_if_stale(e)
-                log.warning("job %s: trainer spare %s failed to warm (%s): starting another", c.job, name,
-                            describe_error(e))  # fmt: skip
-                A.kill(a)
+        self._take_in_warmed()
         if len(self.spares) + len(self._warming) >= self.spares_wanted() or not self.ranks:
             return
         prefix = c.actor_name("trainer-spare", 0).rsplit(":", 1)[0] + ":"
+
         taken = [int(n.rsplit(":", 1)[1]) for n in A.names(prefix) if n.rsplit(":", 1)[1].isdigit()]
         self._spare_seq = max([self._spare_seq, *[t + 1 for t in taken]])
         env = c.runtime_env()
@@ -551,10 +541,27 @@ class TrainerGroup:
                 continue
             self._warming[A.call(a, "warm")] = (name, a)
 
+    def _take_in_warmed(self) -> None:
+        """Spares whose warm-up ended join ``spares`` (a failed one is dropped and killed)."""
+        A, c = self.actors, self.ctx
+        for ref, (name, a) in list(self._warming.items()):
+            if not A.wait([ref], timeout=0)[0]:
+                continue
+            del self._warming[ref]
+            try:
+                A.get(ref, timeout=0)
+                self.spares.append((name, a))
+            except Exception as e:
+                c.raise_if_stale(e)
+                log.warning("job %s: trainer spare %s failed to warm (%s): starting another", c.job, name,
+                            describe_error(e))  # fmt: skip
+                A.kill(a)
+
     def _take_spare(self) -> tuple[str, Any] | None:
         """A warm spare that answers (its fence raised to this leader's), or None. A spare that
         died while idle is dropped; a new one is started by the next :meth:`fill_spares`."""
         A, c = self.actors, self.ctx
+        self._take_in_warmed()  # one that finished since the last pass counts
         while self.spares:
             name, a = self.spares.pop(0)
             try:
