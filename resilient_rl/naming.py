@@ -20,6 +20,11 @@ def actor_name(job: str, group: str, index: int) -> str:
     return f"rrl:{job}:{group}:{index}"
 
 
+def actor_prefix(job: str, group: str) -> str:
+    """``rrl:{job}:{group}:``: what every actor name of that group of the job starts with."""
+    return f"rrl:{job}:{group}:"
+
+
 def job_workdir(spec: JobSpec) -> Path:
     """The job's folder: ``checkpoint.dir`` if given, else ``$RRL_HOME/jobs/{name}``
     (journal, snapshots, metrics.jsonl, the generated model)."""

@@ -18,7 +18,7 @@ from controller.events import Kind
 from controller.jobs import TERMINAL
 
 from ..errors import JobFailed, is_stale
-from ..naming import actor_name
+from ..naming import actor_name, actor_prefix
 from ..spec import JobSpec
 from .actors import Actors
 
@@ -155,6 +155,9 @@ class JobContext:
 
     def actor_name(self, group: str, index: int) -> str:
         return actor_name(self.job, group, index)
+
+    def actor_prefix(self, group: str) -> str:
+        return actor_prefix(self.job, group)
 
     def runtime_env(self) -> dict[str, Any]:
         return {

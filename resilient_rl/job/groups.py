@@ -343,7 +343,7 @@ class TrainerGroup:
         s = steps.pop()
         self.ranks, self.strategy = found, strategies.pop()
         serving = set(self.rank_names(world))
-        for name in A.names(self.ctx.actor_name("trainer-spare", 0).rsplit(":", 1)[0] + ":"):
+        for name in A.names(self.ctx.actor_prefix("trainer-spare")):
             if name not in serving and (a := A.find(name)) is not None:
                 A.kill(a)  # a previous leader's idle spare: unfenced; fill_spares starts fresh ones
         weights = None
@@ -500,7 +500,7 @@ class TrainerGroup:
         """Kill every rank and spare this job may have, by name (old runs included)."""
         A = self.actors
         for group in ("trainer", "trainer-spare"):
-            for name in A.names(self.ctx.actor_name(group, 0).rsplit(":", 1)[0] + ":"):
+            for name in A.names(self.ctx.actor_prefix(group)):
                 a = A.find(name)
                 if a is not None:
                     A.kill(a)
@@ -521,7 +521,7 @@ class TrainerGroup:
         self._take_in_warmed()
         if len(self.spares) + len(self._warming) >= self.spares_wanted() or not self.ranks:
             return
-        prefix = c.actor_name("trainer-spare", 0).rsplit(":", 1)[0] + ":"
+        prefix = c.actor_prefix("trainer-spare")
 
         taken = [int(n.rsplit(":", 1)[1]) for n in A.names(prefix) if n.rsplit(":", 1)[1].isdigit()]
         self._spare_seq = max([self._spare_seq, *[t + 1 for t in taken]])

@@ -38,7 +38,7 @@ from controller.jobs import STRATEGIES, JobRecord
 from controller.store import EtcdError
 
 from ..errors import JobFailed, describe_error
-from ..naming import MODEL_MARKER, actor_name, job_workdir
+from ..naming import MODEL_MARKER, actor_name, actor_prefix, job_workdir
 from ..spec import JobSpec
 from .actors import Actors, RayActors, actor_died, connect_ray
 from .autoscale import Autoscaler
@@ -502,7 +502,7 @@ class JobRunner:
         A = self.actors
         if not self._connected:
             return
-        for name in A.names(actor_name(self.job, "trainer-spare", 0).rsplit(":", 1)[0] + ":"):
+        for name in A.names(actor_prefix(self.job, "trainer-spare")):
             if (spare := A.find(name)) is not None:  # spares (and promoted ones) have names beyond the indices
                 with contextlib.suppress(Exception):
                     A.get(A.call(spare, "shutdown"), timeout=5)
