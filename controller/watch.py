@@ -192,14 +192,33 @@ class Watch:
         backoff = 0.05
         while not self._stop.is_set():
             done = threading.Event()
+            stalled = threading.Event()
             channel = None
+            timer: threading.Timer | None = None
             try:
                 channel, md = self.store._stubs()
                 stub = etcdrpc.WatchStub(channel)
-                self._call = stub.Watch(self._requests(self.last_revision + 1, done), metadata=md)
+                call = stub.Watch(self._requests(self.last_revision + 1, done), metadata=md)
+                self._call = call
                 if self._stop.is_set():
-                    self._call.cancel()
-                for resp in self._call:
+                    call.cancel()
+                # A stream opened just as etcd went down can sit unsent on the dead channel for
+                # grpc's connect timeout (20 s) without failing: one not confirmed by etcd within
+                # the store's timeout is cancelled and reopened.
+                created = threading.Event()
+
+                def unconfirmed(
+                    call: Any = call, created: threading.Event = created, stalled: threading.Event = stalled
+                ) -> None:
+                    if not created.is_set():
+                        stalled.set()
+                        call.cancel()
+
+                timer = threading.Timer(self.store.timeout, unconfirmed)
+                timer.daemon = True
+                timer.start()
+                for resp in call:
+                    created.set()
                     backoff = 0.05
                     if resp.compact_revision:
                         log.warning(
@@ -227,7 +246,8 @@ class Watch:
                 if self._stop.is_set():
                     break
                 self.reconnects += 1
-                log.info("watch %s: stream broke (%s), reconnecting", self.prefix, e.code().name)
+                why = "not confirmed by etcd in time" if stalled.is_set() else e.code().name
+                log.info("watch %s: stream broke (%s), reconnecting", self.prefix, why)
                 self.store._rotate(channel)
             except EtcdUnavailable as e:
                 log.info("watch %s: %s, retrying", self.prefix, e)
@@ -242,6 +262,8 @@ class Watch:
                 return
             finally:
                 done.set()
+                if timer is not None:
+                    timer.cancel()
             if not self._stop.is_set():
                 time.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 1.0)
