@@ -6,6 +6,12 @@ progress_at, ...}`` attached to the worker's own lease. If the worker dies its
 key vanishes when the lease expires; if the lease is lost while the worker
 lives (etcd outage longer than the TTL, etcd restarted without the lease), the
 registration re-registers with a fresh lease as soon as etcd answers again.
+Each registration is one *incarnation* (a random id in the value): its first
+write takes the key whoever held it (a new worker is newer than the one it
+replaces), every later write is a compare-and-swap on the key's revision as this
+incarnation last left it. A worker that comes back after being replaced (SIGCONT
+after SIGSTOP, a healed partition) finds another incarnation there: it writes
+nothing more and is told (``on_superseded``) so that it can exit.
 
 Controller side, :class:`MembershipView`: a live dict of members built from a
 watch on ``jobs/{job}/members/``, with callbacks for join, update and leave.
@@ -19,11 +25,12 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from . import keys
-from .store import EtcdError, Store
+from .store import Compare, EtcdError, Get, Put, Store
 from .watch import KeptLease, Watch
 
 log = logging.getLogger(__name__)
@@ -41,19 +48,34 @@ class Registration:
     window.
     """
 
-    def __init__(self, store: Store, job: str, group: str, worker: str, *, ttl: int = 5, **fields: Any) -> None:
+    def __init__(
+        self,
+        store: Store,
+        job: str,
+        group: str,
+        worker: str,
+        *,
+        ttl: int = 5,
+        on_superseded: Callable[[dict[str, Any]], None] | None = None,
+        **fields: Any,
+    ) -> None:
         self.store = store
         self.key = keys.member(job, group, worker)
         self.ttl = ttl
+        self.incarnation = uuid.uuid4().hex[:16]
         self.info: dict[str, Any] = {
             "node": socket.gethostname(),
             "pid": os.getpid(),
             "status": "starting",
             **fields,
+            "incarnation": self.incarnation,
         }
         self._lock = threading.Lock()
         self._lease: KeptLease | None = None
         self._gen, self._written = 1, 0  # value generation, and the newest one etcd has
+        self._mod: int | None = None  # the key's mod revision as this incarnation last wrote it
+        self._on_superseded = on_superseded
+        self.superseded: dict[str, Any] | None = None  # the value that replaced ours, once it has
         self._closed = threading.Event()
         self._wake = threading.Event()
         self.info["progress_at"] = time.time()
@@ -82,12 +104,55 @@ class Registration:
         with self._lock:
             assert self._lease is not None
             value, lease, gen = json.dumps(self.info), self._lease.id, self._gen
-            if gen == self._written:
+            if gen == self._written or self.superseded is not None:
                 return
-        self.store.put(self.key, value, lease=lease)  # outside the lock: update() never waits for etcd
+        if not self._write(value, lease):  # outside the lock: update() never waits for etcd
+            return
         with self._lock:
             if self._lease is not None and self._lease.id == lease:
                 self._written = max(self._written, gen)
+
+    def _write(self, value: str, lease: int) -> bool:
+        """Write the value as this incarnation; False (and ``on_superseded``) once another holds
+        the key. The first write takes the key; later ones swap only what this one wrote."""
+        if self._mod is None:
+            self._mod = self.store.put(self.key, value, lease=lease)
+            return True
+        for _ in range(3):
+            res = self.store.txn(
+                [Compare(self.key, "mod", "=", self._mod)], [Put(self.key, value, lease)], [Get(self.key)]
+            )
+            if res.succeeded:
+                self._mod = res.revision
+                return True
+            kvs = res.results[0]
+            if not kvs:  # gone with a lost lease and nobody took it: ours again
+                res = self.store.txn(
+                    [Compare(self.key, "create", "=", 0)], [Put(self.key, value, lease)], [Get(self.key)]
+                )
+                if res.succeeded:
+                    self._mod = res.revision
+                    return True
+                kvs = res.results[0]
+                if not kvs:
+                    continue
+            try:
+                held = json.loads(kvs[0].value)
+            except ValueError:
+                held = {}
+            if held.get("incarnation") == self.incarnation:
+                self._mod = kvs[0].mod_revision  # our own write whose answer was lost: swap from it
+                continue
+            with self._lock:
+                self.superseded = held if isinstance(held, dict) else {}
+            log.warning(
+                "member %s: replaced by pid %s (incarnation %s); this one (pid %s) writes no more",
+                self.key, held.get("pid"), held.get("incarnation"), os.getpid(),
+            )  # fmt: skip
+            if self._on_superseded is not None:
+                self._on_superseded(self.superseded)
+            return False
+        raise EtcdError(f"member {self.key}: the key kept changing under a compare-and-swap")
 
     def update(self, **fields: Any) -> None:
         """Merge ``fields`` into the member value; written soon by the registration's thread
@@ -105,6 +170,8 @@ class Registration:
             with self._lock:
                 if self._written == self._gen:
                     return True
+                if self.superseded is not None:
+                    return False
             self._wake.set()
             time.sleep(0.02)
         return False
@@ -120,6 +187,12 @@ class Registration:
                 self._register()
             except EtcdError as e:
                 log.debug("member %s: write deferred, etcd unreachable: %s", self.key, e)
+            if self.superseded is not None:  # another incarnation holds the key: nothing more to keep
+                with self._lock:
+                    lease, self._lease = self._lease, None
+                if lease is not None:
+                    lease.stop()  # not revoked: it expires, and the key is on the holder's lease
+                return
 
     def close(self) -> None:
         """Leave: revoke the lease (the key vanishes at once)."""

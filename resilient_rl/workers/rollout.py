@@ -26,7 +26,7 @@ from ..algo.tasks import make_task
 from ..algo.tasks.reward_pool import RewardPool
 from ..spec import JobSpec
 from .engines import Sampling, make_engine
-from .fencing import check_fence
+from .fencing import check_fence, exit_superseded
 from .transport import fetch
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class RolloutWorker:
         self.store = Store(etcd, timeout=2.0, retry_window=30.0)
         self.member = Registration(
             self.store, job, "rollout", str(index), ttl=self.spec.fault.lease_ttl, version=0, engine=r.engine,
-            ray_node=ray.get_runtime_context().get_node_id(),
+            ray_node=ray.get_runtime_context().get_node_id(), on_superseded=exit_superseded,
         )  # fmt: skip
         t0 = time.monotonic()
         try:

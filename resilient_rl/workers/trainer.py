@@ -38,7 +38,7 @@ from controller.store import Store
 
 from ..naming import NAMESPACE, actor_name
 from ..spec import JobSpec
-from .fencing import check_fence
+from .fencing import check_fence, exit_superseded
 from .train_core import StepRejected, TrainCore, batch_tensors, behaviour_logprobs, weights_digest
 from .transport import ObjectStoreTransport
 
@@ -126,7 +126,7 @@ class TrainerRank:
 
     def _register(self, group: str, worker: str, **fields: Any) -> Registration:
         return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, world=self.world,
-                            ray_node=_node_id(), **fields)  # fmt: skip
+                            ray_node=_node_id(), on_superseded=exit_superseded, **fields)  # fmt: skip
 
     def warm(self) -> dict[str, Any]:
         """A spare: build the model and optimizer now, alone (world 1, no process group), so that

@@ -88,3 +88,100 @@ def test_update_never_waits_for_etcd_and_the_newest_value_lands_when_it_is_back(
     kv = etcd.store().get(keys.member("job-d", "trainer", "0"))
     assert kv is not None and json.loads(kv.value)["step"] == 50  # coalesced: the newest value won
     reg.close()
+
+
+def test_a_replaced_worker_that_comes_back_writes_nothing_and_is_told(store: Store) -> None:
+    """Issue 16: a worker stopped past its lease, replaced, then resumed (SIGCONT) must not
+    overwrite its replacement's record: its writes are compare-and-swaps on what it last wrote."""
+    told: list[dict[str, object]] = []
+    old = Registration(store, "job-e", "trainer", "1", ttl=2, step=3, on_superseded=told.append)
+    assert old.flush(5)
+    new = Registration(store, "job-e", "trainer", "1", ttl=2, step=3)  # the replacement: takes the key
+    assert new.incarnation != old.incarnation
+    old.update(status="busy", step=4)  # the old one wakes up and reports
+    deadline = time.monotonic() + 10
+    while not told:
+        assert time.monotonic() < deadline, "the old registration never found itself replaced"
+        time.sleep(0.05)
+    assert told[0]["incarnation"] == new.incarnation and old.superseded == told[0]
+    assert not old.flush(0.5)  # its update never lands
+    kv = store.get(keys.member("job-e", "trainer", "1"))
+    assert kv is not None
+    held = json.loads(kv.value)
+    assert held["incarnation"] == new.incarnation and "busy" not in held.values() and held["step"] == 3
+    new.update(status="busy", step=4)  # the holder goes on writing
+    assert new.flush(5)
+    kv = store.get(keys.member("job-e", "trainer", "1"))
+    assert kv is not None and json.loads(kv.value)["status"] == "busy"
+    old.close()  # the old one's lease goes; the key stays, on the holder's lease
+    time.sleep(0.3)
+    kv = store.get(keys.member("job-e", "trainer", "1"))
+    assert kv is not None and json.loads(kv.value)["incarnation"] == new.incarnation
+    new.close()
+
+
+def test_a_write_whose_answer_was_lost_is_swapped_from_the_key_as_it_stands(store: Store) -> None:
+    """The registration's own write applied but its answer lost (a deadline): the compare fails on
+    a revision it does not know, the key still holds this incarnation, the write goes on from it."""
+    told: list[dict[str, object]] = []
+    reg = Registration(store, "job-f", "rollout", "0", ttl=2, version=0, on_superseded=told.append)
+    assert reg.flush(5)
+    store.put(reg.key, json.dumps({**reg.info, "version": 1}), lease=reg.lease_id)  # "our" write, unseen
+    reg.update(version=2)
+    assert reg.flush(5) and not told
+    kv = store.get(reg.key)
+    assert kv is not None and json.loads(kv.value)["version"] == 2
+    reg.close()
+
+
+_WORKER = """
+import sys, time
+from controller.membership import Registration
+from controller.store import Store
+from resilient_rl.workers.fencing import exit_superseded
+reg = Registration(Store(sys.argv[1]), "job-g", "trainer", "1", ttl=2, step=0, on_superseded=exit_superseded)
+assert reg.flush(10)
+print("registered", flush=True)
+step = 0
+while True:  # a rank reporting progress, as train_step does
+    step += 1
+    reg.update(status="busy", step=step)
+    time.sleep(0.1)
+"""
+
+
+def test_a_worker_stopped_past_its_lease_and_replaced_exits_when_it_resumes(etcd: EtcdServer) -> None:
+    """The real process: SIGSTOP it past its TTL, register its replacement, SIGCONT it: its first
+    write finds the other incarnation, it exits with EXIT_SUPERSEDED, the key is the newcomer's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from resilient_rl.workers.fencing import EXIT_SUPERSEDED
+    from tests.conftest import REPO
+
+    proc = subprocess.Popen([sys.executable, "-c", _WORKER, etcd.endpoint], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "registered"
+        store = etcd.store()
+        key = keys.member("job-g", "trainer", "1")
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while store.get(key) is not None:  # its lease expires
+            assert time.monotonic() < deadline, "the stopped worker's key outlived its lease"
+            time.sleep(0.1)
+        new = Registration(store, "job-g", "trainer", "1", ttl=2, step=0)
+        assert new.flush(5)
+        os.kill(proc.pid, signal.SIGCONT)
+        rc = proc.wait(timeout=15)
+        assert rc == EXIT_SUPERSEDED, (rc, proc.stderr.read() if proc.stderr else "")
+        kv = store.get(key)
+        assert kv is not None and json.loads(kv.value)["incarnation"] == new.incarnation
+        assert json.loads(kv.value)["pid"] == os.getpid()
+        new.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
