@@ -445,6 +445,13 @@ class TrainerGroup:
             log.warning("job %s: surviving trainer ranks at steps %s, committed %d: cold path",
                         c.job, [x["step"] for x in status], k)  # fmt: skip
             return False
+        committed = c.read_state().get("state_sketch") or []
+        moved = [i for i, x in zip(survivors, status, strict=True)
+                 if committed and x.get("sketch") != committed[i if i < len(committed) else 0]]  # fmt: skip
+        if moved:  # its step counter says k, its state is not step k's: it cannot be trusted
+            log.warning("job %s: surviving trainer rank(s) %s do not hold the state committed at step %d "
+                        "(sketch differs): cold path", c.job, moved, k)  # fmt: skip
+            return False
         t0 = time.monotonic()
         self.faults.restart("trainer", backoff=False)
         c.event(Kind.TRAINER_RESTART, f"{why}: hot recovery of rank(s) {lost} at step {k}; the survivors "

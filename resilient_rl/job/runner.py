@@ -356,7 +356,7 @@ class JobRunner:
     def _committed(self, train: Training, results: Any, secs: float, snaps: SnapshotFlow) -> SnapshotFlow:
         """Step ``train.step`` trained: commit it, hand the weights on, snapshot, resize the trainer."""
         k = train.step
-        metrics = self.committer.commit(k, results[0], self.shards.take(k), secs)
+        metrics = self.committer.commit(k, results[0], self.shards.take(k), secs, [r.get("sketch") for r in results])
         self.version, self.weights = k + 1, results[0]["weights"]
         self.committer.hand_off(self.version, self.weights, self.rollouts)
         snaps.maybe_start(k + 1)

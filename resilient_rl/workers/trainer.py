@@ -188,8 +188,9 @@ class TrainerRank:
         last = None
         if self.last is not None and not busy:
             last = {k: v for k, v in self.last.items() if k != "weights"}
+        sketch = self.core.sketch() if self.core is not None and not busy else None
         return {"rank": self.rank, "world": self.world, "step": self.step, "pid": os.getpid(), "last": last,
-                "busy": busy, "strategy": self.strategy}  # fmt: skip
+                "busy": busy, "strategy": self.strategy, "sketch": sketch}  # fmt: skip
 
     def address(self, fresh: bool = False) -> tuple[str, int]:
         """Where the process group's rendezvous store listens: this rank's node IP and the port
@@ -420,7 +421,8 @@ class TrainerRank:
         stats = self.core.train(samples)
         self.member.update(step=self.step, version=self.step)
         self._shadow()
-        out: dict[str, Any] = {"rank": self.rank, "step": step, **stats, "shadow_blocking_s": self.shadow_blocking_s}
+        out: dict[str, Any] = {"rank": self.rank, "step": step, **stats, "shadow_blocking_s": self.shadow_blocking_s,
+                               "sketch": self.core.sketch()}  # fmt: skip
         if publish:
             weights = self._put_weights()
             if self.rank == 0:

@@ -53,6 +53,9 @@ class Script:
     collective: bool = False
     bad_fingerprint: int = 0  # newcomers whose state fingerprint comes out wrong (each one counts down)
     bad_serials: set[int] = field(default_factory=set)  # the actors it hit
+    # ranks whose state moves on with their step counter left at the committed step (a drift the
+    # counter cannot show: their state sketch at the next adopt differs; each one is consumed)
+    drift: set[int] = field(default_factory=set)
     spare_dies: int = 0  # trainer spares that die while warming (each one counts down)
     promoted: list[int] = field(default_factory=list)  # serials of the spares promoted to ranks
     transfers: dict[Any, tuple[int, list[int]]] = field(default_factory=dict)  # reform master -> sent state
@@ -257,8 +260,17 @@ class FakeTrainer:
         check_fence(self.fence, token, "adopt")
         self.fence = token
         busy = self.training is not None
+        sketch = None if busy else self._sketch()
+        if not busy and self.rank in self._script.drift and self.step > 0:
+            self._script.drift.discard(self.rank)
+            sketch = f"{sketch}~"
         return {"rank": self.rank, "world": self.world, "step": self.step, "pid": self.serial,
-                "last": None if busy else self.last, "busy": busy, "strategy": self.strategy}  # fmt: skip
+                "last": None if busy else self.last, "busy": busy, "strategy": self.strategy,
+                "sketch": sketch}  # fmt: skip
+
+    def _sketch(self) -> str:
+        """The fake's state sketch: its step and the steps it applied (TrainCore.sketch's role)."""
+        return f"{self.step}:{','.join(map(str, self.applied))}"
 
     def train_step(self, step: int, publish: bool = True, token: int = 0) -> dict[str, Any]:
         check_fence(self.fence, token, f"train step {step}")
@@ -295,7 +307,8 @@ class FakeTrainer:
             with s.lock:
                 s.trained.append((step, self.rank, self.serial))
             out: dict[str, Any] = {"rank": self.rank, "step": step, "loss": 0.0, "samples": len(samples),
-                                   "reward_mean": sum(x["reward"] for x in samples) / len(samples)}  # fmt: skip
+                                   "reward_mean": sum(x["reward"] for x in samples) / len(samples),
+                                   "sketch": self._sketch()}  # fmt: skip
             if self.rank == 0 and publish:
                 out["weights"] = ("weights", self.step)
             self.last = {k: v for k, v in out.items() if k != "weights"}

@@ -74,7 +74,9 @@ def test_a_rank_lost_mid_step_is_replaced_hot_and_the_run_stays_exact(
     ranks = _group(job, etcd)
     newcomer = None
     try:
-        _train(ranks, 0)
+        first = call_all(ranks, "train_step", 0, False)
+        committed = first[0]["sketch"]  # what the commit of step 0 records (TrainCore.sketch)
+        assert first[1]["sketch"] == committed  # ddp: one state
         survivor = ranks[1 - lost]
         pid = survivor.pid
         survivor.send("train_step", 1, False)  # waits in the all-reduce for its peer ...
@@ -83,6 +85,7 @@ def test_a_rank_lost_mid_step_is_replaced_hot_and_the_run_stays_exact(
         assert "train step" not in err.splitlines()[0] or "Connection" in err  # the collective failed
         status = survivor.call("adopt", 0, parse_spec(SPEC).digest())
         assert status["step"] == 1 and not status["busy"] and status["pid"] == pid  # step 1 was not applied
+        assert status["sketch"] == committed  # ... and its state shows it: the committed step's
         newcomer = RankProc("hot", lost, 2, spec, model_dir, work, etcd.endpoint)
         master = survivor.call("address", True)
         survivor.send("reform", master, 0, 1 - lost)
@@ -93,8 +96,10 @@ def test_a_rank_lost_mid_step_is_replaced_hot_and_the_run_stays_exact(
         group = [newcomer, survivor] if lost == 0 else [survivor, newcomer]
         prints = [r.call("fingerprint") for r in group]
         assert prints[0]["fingerprint"] == prints[1]["fingerprint"]  # model + optimizer + step + RNG
+        assert newcomer.call("adopt", 0, parse_spec(SPEC).digest())["sketch"] == committed
         for step in range(1, STEPS):  # the interrupted step is trained again, from its journaled batch
-            _train(group, step)
+            out = call_all(group, "train_step", step, False)
+            assert out[0]["sketch"] == out[1]["sketch"] != committed
         got = call_all(group, "digest")[0]
         assert got == want
         assert survivor.pid == pid and survivor.proc.is_alive()

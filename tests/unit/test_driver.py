@@ -515,6 +515,20 @@ def test_hot_recovery_falls_back_to_the_cold_path_when_the_survivor_applied_the_
     assert job.c.lineage[3]["from_step"] == 2 and _digest_of_final_weights(job) == "0,1,2,3,4"
 
 
+def test_hot_recovery_falls_back_to_the_cold_path_when_a_survivor_state_is_not_the_committed_one(
+    tmp_path: Path,
+) -> None:
+    """The survivor's step counter says 3 (committed), but its state sketch is not the one the
+    commit of step 2 recorded: it cannot prove its state, so the whole group restarts."""
+    job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 1)}, drift={0}), steps=5)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (restart,) = job.events("trainer_restart")
+    assert restart["recovery"] == "cold" and restart["cause"] == "lost"
+    assert job.c.lineage[3]["from_step"] == 2 and _digest_of_final_weights(job) == "0,1,2,3,4"
+    assert job.c.state["state_sketch"] == ["5:" + ",".join(map(str, range(5)))] * 2  # the last commit's
+
+
 def test_hot_recovery_falls_back_to_the_cold_path_when_a_newcomer_state_differs(tmp_path: Path) -> None:
     job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 1)}, bad_fingerprint=1), steps=5)
     job.lead()
