@@ -414,8 +414,10 @@ class TrainerGroup:
         whose state is not the committed step's (it may have applied step ``k``), or a newcomer
         whose state fingerprint differs from the survivors'."""
         A, c = self.actors, self.ctx
-        if self.strategy != "ddp" or self.world < 2:
+        if self.strategy != "ddp":
             return False
+        if self.world == 1:
+            return self._recover_alone(k, refs[0], why)
         # the survivors' calls fail as their collective does: at once when a peer was killed, at the
         # process group's timeout (fault.hang_timeout) when it froze
         wait_s = max(10.0, float(c.spec.fault.lease_ttl))
@@ -497,6 +499,69 @@ class TrainerGroup:
         self.fill_spares()
         return True
 
+    def _recover_alone(self, k: int, ref: Any, why: str) -> bool:
+        """Hot recovery at world 1, where no survivor holds the state: a warm spare becomes rank 0
+        and loads the newest state from memory (the shadow copy) or, older, the snapshot, then
+        replays the journal up to the committed step ``k`` (at most ``trainer.shadow_every``
+        steps from the shadow copy). No process is started. The replayed state must show the
+        sketch the commit of step ``k - 1`` recorded, else the cold path runs. False (nothing
+        changed) when the rank did not die or no spare answers."""
+        from .checkpointing import choose_restore
+
+        A, c = self.actors, self.ctx
+        try:
+            A.get(ref, timeout=0)
+            return False  # it finished: not a loss this path serves
+        except Exception as e:
+            c.raise_if_stale(e)
+            if not actor_died(e):
+                return False
+        store = A.find(c.actor_name("weights", 0))
+        taken = self._take_spare()
+        if taken is None or store is None:
+            return False
+        name, spare = taken
+        t0 = time.monotonic()
+        self.faults.restart("trainer", backoff=False)
+        c.event(Kind.TRAINER_RESTART, f"{why}: hot recovery of rank 0 at step {k} by a warm spare", world=1,
+                group="trainer", cause="lost", resize=False, recovery="hot", lost=[0], survivors=[])  # fmt: skip
+        self.actors.kill(self.ranks[0])
+        restore, s = choose_restore(c, k)
+        shadow = self._usable_shadow(store, k, s, 1, self.strategy)
+        if shadow is not None:
+            s, restore = int(shadow["step"]), None
+        master = A.get(A.call(spare, "address", True), timeout=30)
+        limit = max(300.0, c.spec.fault.hang_timeout)
+        ready = A.get(A.call(spare, "promote", master, 0, 1, c.token, None, restore,
+                             {"step": s, "rank": 0} if shadow is not None else None), timeout=limit)  # fmt: skip
+        self.ranks = [spare]
+        c.update_state(expect=live, trainer_actors={"0": name})
+        if shadow is not None:
+            c.event(Kind.SHADOW_RESTORED, f"trainer state of step {s} restored from the in-memory shadow copy "
+                    "into a warm spare", step=s, world=1, strategy=self.strategy)  # fmt: skip
+        c.record_lineage(k, {"from_step": s, "snapshot": restore if shadow is None else f"shadow@{s}", "world": 1,
+                             "strategy": self.strategy, "threads": ready["threads"]})  # fmt: skip
+        if s < k:
+            c.event(Kind.REPLAY, f"replaying steps {s}..{k - 1} from the journal", first=s, last=k - 1)
+        out: dict[str, Any] | None = None
+        for j in range(s, k):
+            c.check_leader()
+            out = A.get(A.call(spare, "train_step", j, False, c.token), timeout=limit)
+        committed = c.read_state().get("state_sketch") or []
+        now = out["sketch"] if out is not None else A.get(A.call(spare, "adopt", c.token, c.spec.digest()))["sketch"]
+        if committed and now != committed[0]:
+            raise RuntimeError(f"the spare's state after the replay to step {k} is not the committed one "
+                               f"(sketch {now} != {committed[0]})")  # fmt: skip
+        epoch = int(c.read_state().get("trainer_epoch") or 0) + 1
+        c.update_state(expect=live, trainer_epoch=epoch)
+        secs = round(time.monotonic() - t0, 2)
+        c.event(Kind.TRAINER_RECOVERED, f"trainer back at step {k} in {secs}s (hot: a warm spare took rank 0 "
+                f"from {'the shadow copy' if shadow is not None else 'the snapshot'} of step {s}, epoch {epoch})",
+                seconds=secs, world=1, group="trainer", resize=False, recovery="hot", epoch=epoch,
+                spares_used=1, source="shadow" if shadow is not None else "snapshot", replayed=k - s)  # fmt: skip
+        self.fill_spares()
+        return True
+
     def rank_names(self, world: int) -> list[str]:
         """The actor names of ranks 0..world-1: ``trainer:{i}``, or the name of the spare that
         was promoted in its place (recorded in the job's state, for a new leader's adopt)."""
@@ -516,9 +581,9 @@ class TrainerGroup:
     # -- warm spares -----------------------------------------------------------------
 
     def spares_wanted(self) -> int:
-        """``trainer.spares`` where a hot recovery can use them (ddp, world >= 2), else 0."""
+        """``trainer.spares`` where a hot recovery can use them (ddp), else 0."""
         t = self.ctx.spec.trainer
-        return t.spares if t.hot_recovery and self.strategy == "ddp" and self.world >= 2 else 0
+        return t.spares if t.hot_recovery and self.strategy == "ddp" and self.world >= 1 else 0
 
     def fill_spares(self) -> None:
         """Take in the spares that finished warming (a failed one is dropped) and start new ones

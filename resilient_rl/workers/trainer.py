@@ -136,10 +136,20 @@ class TrainerRank:
         self.member.update(status="spare")
         return {"spare": self.spare, "pid": os.getpid(), "seconds": round(time.monotonic() - t0, 3)}
 
-    def promote(self, master: tuple[str, int], rank: int, world: int, token: int, src: int) -> dict[str, Any]:
+    def promote(
+        self,
+        master: tuple[str, int],
+        rank: int,
+        world: int,
+        token: int,
+        src: int | None,
+        restore: str | None = None,
+        shadow: dict[str, int] | None = None,
+    ) -> dict[str, Any]:
         """Hot recovery with a warm spare: become rank ``rank`` of ``world`` (its membership key
         too), join the new group at ``master`` with the survivors (which call :meth:`reform`) and
-        receive rank ``src``'s state (collective)."""
+        receive rank ``src``'s state (collective). With no survivor (``src`` None: world 1) the
+        state comes from the shadow copy or the snapshot, as in :meth:`setup`."""
         check_fence(self.fence, token, "promote")
         if self.spare is None:
             raise RuntimeError(f"rank {self.rank} is not a spare")
@@ -147,14 +157,15 @@ class TrainerRank:
         self.rank, self.world, self.spare = rank, world, None
         old, self.member = self.member, self._register("trainer", str(rank))
         old.close()
-        device = self._join_group(master, joining=True)
+        device = self._join_group(master, joining=src is not None)
         if self.core is None:  # not warmed yet: build it now (collective under ddp at world > 1)
             self.core = TrainCore(self.spec, self.model_dir, rank, world, self.strategy, device)
         else:
             self.core.regroup(rank, world)
-        self.core.share_state(src)
+        self._load_state(restore, shadow, src)
         self.member.update(status="ready", step=self.step, strategy=self.strategy)
-        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "seconds": time.monotonic() - t0}
+        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "seconds": time.monotonic() - t0,
+                "threads": torch.get_num_threads()}  # fmt: skip
 
     def _device(self) -> str:
         backend = self.spec.trainer.backend
@@ -248,17 +259,7 @@ class TrainerRank:
         :meth:`reform`). Every rank calls one of them (collective)."""
         device = self._join_group(master, joining=peer is not None)
         self.core = TrainCore(self.spec, self.model_dir, self.rank, self.world, self.strategy, device)
-        if peer is not None:
-            self.core.share_state(peer)
-        elif restore is not None:
-            self._restore(Path(restore))
-        elif shadow is not None:
-            store = ray.get_actor(actor_name(self.job, "weights", 0), namespace=NAMESPACE)
-            tensors, tree, rng = ray.get(store.shadow_part.remote(int(shadow["rank"]), int(shadow["step"])))
-            self.core.load_shadow(tensors, tree)
-            torch.set_rng_state(rng)
-            if self.step != int(shadow["step"]):
-                raise RuntimeError(f"the shadow copy of step {shadow['step']} holds step {self.step}")
+        self._load_state(restore, shadow, peer)
         self.member.update(status="ready", step=self.step, strategy=self.strategy)
         return {
             "rank": self.rank,
@@ -295,6 +296,22 @@ class TrainerRank:
         self.core.share_state(src)
         self.member.update(status="ready", step=self.step)
         return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "seconds": time.monotonic() - t0}
+
+    def _load_state(self, restore: str | None, shadow: dict[str, int] | None, peer: int | None) -> None:
+        """The state a rank starts from: rank ``peer``'s (collective), a snapshot folder, the shadow
+        copy (``{"step", "rank"}``) in the weight store, or (none given) the initial model."""
+        assert self.core is not None
+        if peer is not None:
+            self.core.share_state(peer)
+        elif restore is not None:
+            self._restore(Path(restore))
+        elif shadow is not None:
+            store = ray.get_actor(actor_name(self.job, "weights", 0), namespace=NAMESPACE)
+            tensors, tree, rng = ray.get(store.shadow_part.remote(int(shadow["rank"]), int(shadow["step"])))
+            self.core.load_shadow(tensors, tree)
+            torch.set_rng_state(rng)
+            if self.step != int(shadow["step"]):
+                raise RuntimeError(f"the shadow copy of step {shadow['step']} holds step {self.step}")
 
     def fingerprint(self) -> dict[str, Any]:
         """This rank's state fingerprint (model, optimizer, step, RNG; see TrainCore.fingerprint)."""

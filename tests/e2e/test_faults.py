@@ -229,6 +229,35 @@ def test_a_killed_ddp_rank_is_replaced_hot_and_the_run_stays_exact(platform: Liv
 
 
 @pytest.mark.timeout(600)
+def test_at_world_one_a_killed_rank_is_replaced_by_the_spare_from_the_shadow_copy(
+    platform: LivePlatform, tmp_path: Path
+) -> None:
+    """World 1: SIGKILL the only rank. No survivor holds the state; the warm spare becomes rank 0,
+    loads the shadow copy (every 2 steps) and replays at most 2 steps; exact (`rrl verify`)."""
+    work = tmp_path / "alone"
+    steps = 40  # long enough for the spare to warm up beside the first steps
+    every = 2
+    job = platform.submit(_spec("e2e-alone", work, steps=steps, trainer={"replicas": 1, "shadow_every": every,
+                                "spares": 1}, checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
+    _wait_step(platform, job, 3)
+    before = _wait_workers(platform, job, {"rollout": 1, "trainer": 1})
+    deadline = time.monotonic() + 120
+    while jobs.get(platform.store, job).members.get("trainer-spare", {}).get("0", {}).get("status") != "spare":
+        assert jobs.get(platform.store, job).phase == "RUNNING", "the job ended before its spare was ready"
+        assert time.monotonic() < deadline, ("the warm spare never got ready", jobs.get(platform.store, job).members)
+        time.sleep(0.2)
+    os.kill(before["trainer/0"], signal.SIGKILL)
+    _assert_exactly_once_and_replay(platform, job, work, steps)
+    evs = events.read(platform.store, job, limit=1000)
+    restarts = [e for e in evs if e["kind"] == "trainer_restart"]
+    assert [e["recovery"] for e in restarts] == ["hot"], [(e["recovery"], e["message"]) for e in restarts]
+    (back,) = [e for e in evs if e["kind"] == "trainer_recovered"]
+    assert back["recovery"] == "hot" and back["spares_used"] == 1 and back["source"] == "shadow", back
+    assert back["replayed"] <= every, back
+    assert "shadow_restored" in [e["kind"] for e in evs]
+
+
+@pytest.mark.timeout(600)
 def test_a_stopped_ddp_rank_is_found_by_its_lease_and_replaced_hot(platform: LivePlatform, tmp_path: Path) -> None:
     """World 2, DDP, hang_timeout 60 s: SIGSTOP rank 1 for 3 x hang_timeout. Ray still calls it
     alive; its membership lease expires, and the runner kills it well within hang_timeout + TTL

@@ -56,6 +56,7 @@ class Script:
     # ranks whose state moves on with their step counter left at the committed step (a drift the
     # counter cannot show: their state sketch at the next adopt differs; each one is consumed)
     drift: set[int] = field(default_factory=set)
+    bad_replay: int = 0  # spares promoted without a survivor whose replayed state comes out wrong (count down)
     spare_dies: int = 0  # trainer spares that die while warming (each one counts down)
     promoted: list[int] = field(default_factory=list)  # serials of the spares promoted to ranks
     transfers: dict[Any, tuple[int, list[int]]] = field(default_factory=dict)  # reform master -> sent state
@@ -201,14 +202,30 @@ class FakeTrainer:
         self.warmed = True
         return {"spare": self.spare, "pid": self.serial, "seconds": 0.0}
 
-    def promote(self, master: tuple[str, int], rank: int, world: int, token: int, src: int) -> dict[str, Any]:
+    def promote(
+        self,
+        master: tuple[str, int],
+        rank: int,
+        world: int,
+        token: int,
+        src: int | None,
+        restore: str | None = None,
+        shadow: Any = None,
+    ) -> dict[str, Any]:
         check_fence(self.fence, token, "promote")
         assert self.spare is not None and self.warmed
         self.rank, self.world, self.spare = rank, world, None
-        self._receive(master)
+        if src is not None:
+            self._receive(master)
+        elif restore:  # world 1: from the snapshot (the fakes keep no shadow copy)
+            state = json.loads((Path(restore) / f"rank{rank}.json").read_text())
+            self.step, self.applied = state["step"], state["applied"]
         with self._script.lock:
             self._script.promoted.append(self.serial)
-        return {"rank": rank, "step": self.step, "pid": self.serial, "seconds": 0.0}
+            if src is None and self._script.bad_replay > 0:
+                self._script.bad_replay -= 1
+                self._script.bad_serials.add(self.serial)
+        return {"rank": rank, "step": self.step, "pid": self.serial, "seconds": 0.0, "threads": 1}
 
     def _receive(self, master: tuple[str, int]) -> None:
         """A newcomer of a hot recovery takes the state the survivor sent for ``master``."""
@@ -270,7 +287,8 @@ class FakeTrainer:
 
     def _sketch(self) -> str:
         """The fake's state sketch: its step and the steps it applied (TrainCore.sketch's role)."""
-        return f"{self.step}:{','.join(map(str, self.applied))}"
+        bad = "!" if self.serial in self._script.bad_serials else ""
+        return f"{self.step}:{','.join(map(str, self.applied))}{bad}"
 
     def train_step(self, step: int, publish: bool = True, token: int = 0) -> dict[str, Any]:
         check_fence(self.fence, token, f"train step {step}")

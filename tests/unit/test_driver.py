@@ -545,11 +545,45 @@ def test_hot_recovery_off_or_world_one_takes_the_cold_path(tmp_path: Path) -> No
     off.lead()
     assert off.finish() == "SUCCEEDED"
     assert [e["recovery"] for e in off.events("trainer_restart")] == ["cold"]
-    one = Job(tmp_path / "one", Script(collective=True, kill_rank_at={(3, 0)}), steps=5, trainer={"replicas": 1})
+    one = Job(tmp_path / "one", Script(collective=True, kill_rank_at={(3, 0)}), steps=5,
+              trainer={"replicas": 1, "spares": 0})  # fmt: skip
     one.lead()
     assert one.finish() == "SUCCEEDED"
     assert [e["recovery"] for e in one.events("trainer_restart")] == ["cold"]
     assert _digest_of_final_weights(off) == _digest_of_final_weights(one) == "0,1,2,3,4"
+
+
+def test_at_world_one_a_warm_spare_takes_over_from_the_newest_state_and_replays_to_the_commit(
+    tmp_path: Path,
+) -> None:
+    """No survivor: the spare becomes rank 0, restores the snapshot of step 2 (the fakes keep no
+    shadow copy), replays step 2 and trains on; no process is started on the critical path."""
+    job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 0)}), steps=5, trainer={"replicas": 1},
+              checkpoint={"every": 2})  # fmt: skip
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (restart,) = job.events("trainer_restart")
+    assert restart["recovery"] == "hot" and restart["lost"] == [0] and restart["survivors"] == []
+    (back,) = job.events("trainer_recovered")
+    assert back["recovery"] == "hot" and back["spares_used"] == 1 and back["source"] == "snapshot"
+    assert back["replayed"] == 1 and job.c.lineage[3]["from_step"] == 2
+    assert job.script.promoted == [_serials(job, 4)[0]] and _serials(job, 4)[0] != _serials(job, 0)[0]
+    assert job.created("trainer") == ["rrl:drv:trainer:0"]  # the spare served: no new rank process
+    assert job.steps_trained()[(2, 0)] == 2 and job.steps_trained()[(3, 0)] == 1  # 2 replayed; 3 trained once
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_at_world_one_a_spare_whose_replay_misses_the_committed_sketch_falls_back_to_the_cold_path(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 0)}, bad_replay=1), steps=5,
+              trainer={"replicas": 1}, checkpoint={"every": 2})  # fmt: skip
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    hot, cold = job.events("trainer_restart")
+    assert hot["recovery"] == "hot" and cold["recovery"] == "cold" and cold["cause"] == "hot_failed"
+    assert "not the committed one" in cold["message"]
+    assert job.c.lineage[3]["from_step"] == 2 and _digest_of_final_weights(job) == "0,1,2,3,4"
 
 
 def test_both_ranks_lost_at_once_take_the_cold_path(tmp_path: Path) -> None:
