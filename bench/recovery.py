@@ -1,7 +1,7 @@
 """Recovery under random faults: MTTR per fault kind and ETTR at one fault per 30 s and per 60 s.
 
 .venv/bin/python -m bench recovery [--mtbf 30,60] [--duration 6m] [--seed 1] [--repeats 1]
-.venv/bin/python -m bench recovery --trainer-kills 4   # hot vs cold trainer recovery, world 2
+.venv/bin/python -m bench recovery --trainer-kills 4 [--world 2]   # hot vs cold trainer recovery (world 1 or 2)
 
 Each run is the chaos harness's soak (``rrl chaos soak``, scenarios/soak.yaml: the tiny
 HF-engine copy job, 2 rollout workers, 1 trainer rank, 2 controllers, snapshot every 10
@@ -85,37 +85,39 @@ def condense(rep: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def trainer_scenario(hot: bool, kills: int, name: str) -> dict[str, Any]:
-    """A chaos scenario of ``kills`` trainer-rank SIGKILLs, 24 steps apart, on a DDP world-2 job
-    (the hot path's case), with ``trainer.hot_recovery`` on or off."""
+def trainer_scenario(hot: bool, kills: int, name: str, world: int = 2) -> dict[str, Any]:
+    """A chaos scenario of ``kills`` trainer-rank SIGKILLs, 24 steps apart, on a DDP job of
+    ``world`` ranks, with ``trainer.hot_recovery`` on or off (at world 1 the hot path is the
+    warm spare from the shadow copy)."""
     return {
         "name": name,
         "cluster": {"etcd_members": 1, "ray_nodes": 1, "controllers": 1, "leader_ttl": 5},
         "job": {
             "name": name, "model": {"init": {}}, "task": {"kind": "copy", "num_prompts": 64},
             "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 6, "n": 4}},
-            "trainer": {"replicas": 2, "lr": 0.002, "hot_recovery": hot},
+            "trainer": {"replicas": world, "lr": 0.002, "hot_recovery": hot},
             "prompts_per_step": 4, "steps": 24 * kills + 12, "seed": 7,
             "checkpoint": {"every": 10, "keep": 2}, "fault": {"hang_timeout": 5.0, "lease_ttl": 3},
         },
-        "faults": [{"kind": "trainer_kill", "at": {"step": 24 + 24 * i}, "target": 1 - i % 2} for i in range(kills)],
+        "faults": [{"kind": "trainer_kill", "at": {"step": 24 + 24 * i}, "target": (1 - i % 2) % world}
+                   for i in range(kills)],
         "settle_timeout_s": 240,
         "timeout_s": 900,
     }  # fmt: skip
 
 
-def trainer_paths(kills: int, out: Path) -> int:
-    """Trainer-rank kills at world 2, the hot path and the cold path in one run, side by side."""
+def trainer_paths(kills: int, out: Path, world: int = 2) -> int:
+    """Trainer-rank kills at ``world``, the hot path and the cold path in one run, side by side."""
     import yaml
 
     print(machine_line(), flush=True)
     rows, runs = [], {}
     for hot in (True, False):
         mode = "hot" if hot else "cold"
-        d = out / f"trainer-{mode}"
+        d = out / f"trainer-w{world}-{mode}"
         d.mkdir(parents=True, exist_ok=True)
         sc = d / "scenario.yaml"
-        sc.write_text(yaml.safe_dump(trainer_scenario(hot, kills, f"bench-trainer-{mode}")))
+        sc.write_text(yaml.safe_dump(trainer_scenario(hot, kills, f"bench-trainer-w{world}-{mode}", world)))
         before = set(d.iterdir())
         argv = [str(Path(sys.executable).parent / "rrl"), "chaos", "run", str(sc), "--out", str(d)]
         print(f"$ {' '.join(argv)}", flush=True)
@@ -126,7 +128,7 @@ def trainer_paths(kills: int, out: Path) -> int:
         full = json.loads(new[-1].read_text())
         rep = condense({**full, "exit_code": rc})
         recs = [e for e in full.get("events", []) if e.get("kind") == "trainer_recovered"]
-        rep["recoveries"] = [{k: e.get(k) for k in ("recovery", "seconds", "spares_used")} for e in recs]
+        rep["recoveries"] = [{k: e.get(k) for k in ("recovery", "seconds", "spares_used", "replayed")} for e in recs]
         runs[mode] = rep
         fs = [f for f in rep["faults"] if f["status"] == "injected"]
         green = all(i["ok"] for i in rep["invariants"])
@@ -135,19 +137,26 @@ def trainer_paths(kills: int, out: Path) -> int:
                      *[fmt([f[c] for f in fs if f[c] is not None]) for c in FIGS],
                      fmt([r["seconds"] for r in rep["recoveries"] if r.get("seconds") is not None]),
                      f"{spared}/{len(rep['recoveries'])}"])  # fmt: skip
-    print("\nTrainer rank SIGKILLed, world 2 DDP, seconds after injection, median (min-max) over faults\n")
+    print(f"\nTrainer rank SIGKILLed, world {world} DDP, seconds after injection, median (min-max) over faults\n")
     print(table(["recovery", "faults injected", "invariants", "detection", "next commit", "group size restored",
                  "recovery itself", "warm spare used"], rows))  # fmt: skip
-    path = save("recovery-trainer", {"kills": kills, "runs": runs})
+    path = save(f"recovery-trainer-w{world}", {"kills": kills, "world": world, "runs": runs})
     print(f"\nresults: {path}")
     return 0 if all(all(i["ok"] for i in r["invariants"]) for r in runs.values()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench recovery", description=__doc__.splitlines()[0])
-    ap.add_argument("--trainer-kills", type=int, default=0, metavar="N",
-                    help="Instead of the soaks: N trainer-rank kills at world 2 (DDP), once with hot recovery "
-                    "and once with the cold path, MTTR side by side.")  # fmt: skip
+    ap.add_argument(
+        "--trainer-kills",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Instead of the soaks: N trainer-rank kills (DDP, --world ranks), once with hot "
+        "recovery and once with the cold path, MTTR side by side.",
+    )
+    ap.add_argument("--world", type=int, choices=(1, 2), default=2,
+                    help="Trainer ranks of the --trainer-kills job (1: the spare takes over from the shadow copy).")  # fmt: skip
     ap.add_argument("--mtbf", default="30,60", help="Mean seconds between faults, comma-separated.")
     ap.add_argument("--duration", default="6m", help="Fault window per soak (e.g. 6m, 30m).")
     ap.add_argument("--seed", type=int, default=1, help="Seed of the first repeat's schedule (+1 per repeat).")
@@ -156,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/rrl-bench-recovery"), help="Chaos run folders.")
     args = ap.parse_args(argv)
     if args.trainer_kills:
-        return trainer_paths(args.trainer_kills, args.out_dir)
+        return trainer_paths(args.trainer_kills, args.out_dir, args.world)
     duration = parse_seconds(args.duration)
     steps = args.steps or int(duration * 5)
     mtbfs = [float(x) for x in args.mtbf.split(",") if x.strip()]

@@ -22,6 +22,10 @@ per rank:
   hand-over to the weight store then runs in a thread), its size per rank, and the blocking
   part of a DCP ``async_save`` of the same state (its own staging copy).
 
+- *state sketch*: ``TrainCore.sketch`` (each train step returns it, the commit records it, a
+  hot recovery's survivor must still show it), against the full ``fingerprint`` (a pass over
+  the whole state, run only at the end of a hot recovery), and the sketch as a share of a step.
+
 Results go to ``bench/results/sharded.json``.
 """
 
@@ -103,6 +107,15 @@ def measure(
         shadow.append(time.perf_counter() - t0)
     shadow_bytes = sum(t.numel() * t.element_size() for t in buf.values())
     del buf
+    # the state sketch each step returns (and the commit records) against the full fingerprint
+    sketch = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        core.sketch()
+        sketch.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    core.fingerprint()
+    fingerprint = time.perf_counter() - t0
     from checkpoints.backends import make_backend
 
     t0 = time.perf_counter()
@@ -129,7 +142,8 @@ def measure(
     params = sum(p.numel() for p in core.module.parameters()) if strategy == "ddp" else None
     return {"peak_bytes": peak, "step_s": times[1:] or times, "publish_s": publish, "floor_s": floor,
             "fresh_floor_s": floor_fresh, "bytes": size, "params": params, "shadow_s": shadow[1:],
-            "shadow_bytes": shadow_bytes, "snapshot_block_s": snap_block}  # fmt: skip
+            "shadow_bytes": shadow_bytes, "snapshot_block_s": snap_block, "sketch_s": min(sketch),
+            "fingerprint_s": fingerprint}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     shadow = {s: [max(min(r["shadow_s"]) for r in ranks) for ranks in runs[s]] for s in runs}
     shadow_gib = {s: [max(r["shadow_bytes"] for r in ranks) / 2**30 for ranks in runs[s]] for s in runs}
     snap_block = {s: [max(r["snapshot_block_s"] for r in ranks) for ranks in runs[s]] for s in runs}
+    sketch = {s: [max(r["sketch_s"] for r in ranks) for ranks in runs[s]] for s in runs}
+    fprint = {s: [max(r["fingerprint_s"] for r in ranks) for ranks in runs[s]] for s in runs}
     print(f"\n{machine_line()}\n{params / 1e6:.1f}M parameters + AdamW, world 2, {args.repeats} repeat(s)\n")
     print(table(["", "DDP", "FSDP", "FSDP / DDP"], [
         ["peak memory above baseline, GiB per rank", fmt(peak["ddp"]), fmt(peak["fsdp"]), fmt(ratio_mem)],
@@ -184,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
          fmt([f / d for f, d in zip(shadow_gib["fsdp"], shadow_gib["ddp"], strict=True)])],
         ["DCP async snapshot: blocking s", fmt(snap_block["ddp"], 3), fmt(snap_block["fsdp"], 3),
          fmt([f / d for f, d in zip(snap_block["fsdp"], snap_block["ddp"], strict=True)])],
+        ["state sketch per step (what the commit records), ms", fmt([x * 1e3 for x in sketch["ddp"]], 2),
+         fmt([x * 1e3 for x in sketch["fsdp"]], 2), ""],
+        ["full state fingerprint (recovery only), s", fmt(fprint["ddp"], 2), fmt(fprint["fsdp"], 2), ""],
+        ["sketch / step time", fmt([a / b for a, b in zip(sketch["ddp"], step["ddp"], strict=True)], 5),
+         fmt([a / b for a, b in zip(sketch["fsdp"], step["fsdp"], strict=True)], 5), ""],
     ]))  # fmt: skip
     mib = runs["ddp"][0][0]["bytes"] / 2**20
     print(
@@ -203,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             "shadow_s": shadow,
             "shadow_gib": shadow_gib,
             "snapshot_block_s": snap_block,
+            "sketch_s": sketch,
+            "fingerprint_s": fprint,
             "ratios": {"memory": ratio_mem, "step": ratio_step, "publish": ratio_pub, "publish_fresh": ratio_fresh},
         },
     )

@@ -200,6 +200,21 @@ def test_crash_looping_rollout_worker_fails_job_with_clear_reason(platform: Live
         time.sleep(0.2)  # the failed job's workers are gone
 
 
+def _recoveries(evs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The trainer restarts and recoveries the test's fault caused. A leader that loses its lease
+    under load (a standby takes over) may restart the group first, ``cause: take_over``: that one
+    is the control plane's, not the fault's (the invariants still cover it)."""
+    restarts = [e for e in evs if e["kind"] == "trainer_restart" and e.get("cause") != "take_over"]
+    starts = {e["seq"] for e in evs if e["kind"] == "trainer_restart" and e.get("cause") == "take_over"}
+    recovered, skip = [], False
+    for e in evs:  # a recovery answers the restart before it
+        if e["kind"] == "trainer_restart":
+            skip = e["seq"] in starts
+        elif e["kind"] == "trainer_recovered" and not skip:
+            recovered.append(e)
+    return restarts, recovered
+
+
 @pytest.mark.timeout(600)
 def test_a_killed_ddp_rank_is_replaced_hot_and_the_run_stays_exact(platform: LivePlatform, tmp_path: Path) -> None:
     """World 2, DDP: SIGKILL rank 1 mid-run. The survivor (rank 0, same process) re-forms the
@@ -219,10 +234,10 @@ def test_a_killed_ddp_rank_is_replaced_hot_and_the_run_stays_exact(platform: Liv
     os.kill(before["trainer/1"], signal.SIGKILL)
     state = _assert_exactly_once_and_replay(platform, job, work, steps)
     evs = events.read(platform.store, job, limit=1000)
-    restarts = [e for e in evs if e["kind"] == "trainer_restart"]
+    restarts, recovered = _recoveries(evs)
     assert [e["recovery"] for e in restarts] == ["hot"], restarts
     assert restarts[0]["lost"] == [1] and restarts[0]["survivor_pids"] == [before["trainer/0"]]
-    (back,) = [e for e in evs if e["kind"] == "trainer_recovered"]
+    (back,) = recovered
     assert back["recovery"] == "hot" and state["trainer_epoch"] == 1
     assert back["spares_used"] == 1, back  # the warm spare took rank 1: no process started on the critical path
     assert "replay" not in [e["kind"] for e in evs]  # nothing restored, nothing replayed
@@ -249,9 +264,9 @@ def test_at_world_one_a_killed_rank_is_replaced_by_the_spare_from_the_shadow_cop
     os.kill(before["trainer/0"], signal.SIGKILL)
     _assert_exactly_once_and_replay(platform, job, work, steps)
     evs = events.read(platform.store, job, limit=1000)
-    restarts = [e for e in evs if e["kind"] == "trainer_restart"]
+    restarts, recovered = _recoveries(evs)
     assert [e["recovery"] for e in restarts] == ["hot"], [(e["recovery"], e["message"]) for e in restarts]
-    (back,) = [e for e in evs if e["kind"] == "trainer_recovered"]
+    (back,) = recovered
     assert back["recovery"] == "hot" and back["spares_used"] == 1 and back["source"] == "shadow", back
     assert back["replayed"] <= every, back
     assert "shadow_restored" in [e["kind"] for e in evs]
@@ -287,6 +302,6 @@ def test_a_stopped_ddp_rank_is_found_by_its_lease_and_replaced_hot(platform: Liv
             pass  # killed while stopped, as it should be
     _assert_exactly_once_and_replay(platform, job, work, steps)
     evs = events.read(platform.store, job, limit=1000)
-    assert [e["recovery"] for e in evs if e["kind"] == "trainer_restart"] == ["hot"]
+    assert [e["recovery"] for e in _recoveries(evs)[0]] == ["hot"]
     with pytest.raises(ProcessLookupError):
         os.kill(stopped, 0)
