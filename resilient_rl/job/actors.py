@@ -149,8 +149,9 @@ _ray_lock = threading.Lock()
 
 def connect_ray(address: str | None, attempts: int = 3) -> None:
     """Connect this process to Ray once (thread-safe). A connect that times out while the
-    cluster is overloaded ("The current node timed out during startup", seen from `rrl
-    verify` in a loaded CI run) is tried again, ``attempts`` times in all."""
+    cluster is overloaded ("The current node timed out during startup", "Timed out waiting
+    for file .../gcs_server_port_...", both seen from `rrl verify` in loaded CI runs) is tried
+    again, ``attempts`` times in all."""
     with _ray_lock:
         import ray
 
@@ -161,7 +162,7 @@ def connect_ray(address: str | None, attempts: int = 3) -> None:
                 ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
                 return
             except Exception as e:
-                if "timed out" not in str(e) or attempt == attempts - 1:
+                if "timed out" not in str(e).lower() or attempt == attempts - 1:
                     raise
                 log.warning("connecting to Ray timed out (%s); trying again", e)
                 with contextlib.suppress(Exception):

@@ -221,7 +221,7 @@ def test_a_killed_ddp_rank_is_replaced_hot_and_the_run_stays_exact(platform: Liv
     group with a new rank 1 and sends it its state; no restore, no replay; every step
     committed once and the final weights equal a fault-free replay's (`rrl verify`)."""
     work = tmp_path / "hot"
-    steps = 40  # long enough for the spare to warm up beside the first steps
+    steps = 70  # long enough for the spare to warm up beside the first steps, under load too
     job = platform.submit(_spec("e2e-hot", work, steps=steps, trainer={"replicas": 2, "shadow_every": 0, "spares": 1},
                                 checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
     _wait_step(platform, job, 3)
@@ -250,7 +250,7 @@ def test_at_world_one_a_killed_rank_is_replaced_by_the_spare_from_the_shadow_cop
     """World 1: SIGKILL the only rank. No survivor holds the state; the warm spare becomes rank 0,
     loads the shadow copy (every 2 steps) and replays at most 2 steps; exact (`rrl verify`)."""
     work = tmp_path / "alone"
-    steps = 40  # long enough for the spare to warm up beside the first steps
+    steps = 70  # long enough for the spare to warm up beside the first steps, under load too
     every = 2
     job = platform.submit(_spec("e2e-alone", work, steps=steps, trainer={"replicas": 1, "shadow_every": every,
                                 "spares": 1}, checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
