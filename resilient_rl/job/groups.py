@@ -224,7 +224,7 @@ class TrainerGroup:
         from .checkpointing import choose_restore
 
         A, c = self.actors, self.ctx
-        self.kill()
+        self.kill(keep_spares=c.strategy() == "ddp" and c.spec.trainer.hot_recovery)
         # on the stable node (the Ray head): the published weights die with their owner
         store = A.create("weights", c.actor_name("weights", 0), (),
                          Placement(on_this_node=True, get_if_exists=True))  # fmt: skip
@@ -568,15 +568,20 @@ class TrainerGroup:
         promoted = self.ctx.read_state().get("trainer_actors") or {}
         return [str(promoted.get(str(i)) or self.ctx.actor_name("trainer", i)) for i in range(world)]
 
-    def kill(self) -> None:
-        """Kill every rank and spare this job may have, by name (old runs included)."""
+    def kill(self, keep_spares: bool = False) -> None:
+        """Kill every rank and spare this job may have, by name (old runs included). With
+        ``keep_spares`` (a restart of this leader's ddp group) the idle spares this group
+        warmed or is warming live on: a cold restart does not cost the next fault its spare."""
         A = self.actors
+        keep = {n for n, _ in self.spares} | {n for n, _ in self._warming.values()} if keep_spares else set()
         for group in ("trainer", "trainer-spare"):
             for name in A.names(self.ctx.actor_prefix(group)):
-                a = A.find(name)
+                a = A.find(name) if name not in keep else None
                 if a is not None:
                     A.kill(a)
-        self.ranks, self.spares, self._warming = [], [], {}
+        self.ranks = []
+        if not keep_spares:
+            self.spares, self._warming = [], {}
 
     # -- warm spares -----------------------------------------------------------------
 

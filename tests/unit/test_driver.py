@@ -594,6 +594,20 @@ def test_both_ranks_lost_at_once_take_the_cold_path(tmp_path: Path) -> None:
     assert _digest_of_final_weights(job) == "0,1,2,3,4"
 
 
+def test_a_cold_restart_keeps_the_warm_spare_for_the_next_fault(tmp_path: Path) -> None:
+    """Both ranks lost at step 2 (cold: the group restarts); rank 1 lost at step 4 is then
+    replaced hot by the spare warmed before the cold restart, not by a new process."""
+    job = Job(tmp_path, Script(collective=True, train_delay_s=0.05, kill_rank_at={(2, 0), (2, 1), (4, 1)}),
+              steps=6)  # fmt: skip
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert [e["recovery"] for e in job.events("trainer_restart")] == ["cold", "hot"]
+    hot = job.events("trainer_recovered")[-1]
+    assert hot["recovery"] == "hot" and hot["spares_used"] == 1
+    assert job.created("trainer-spare") == ["rrl:drv:trainer-spare:0", "rrl:drv:trainer-spare:1"]  # 1: the refill
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5"
+
+
 def test_a_trainer_rank_whose_lease_expired_is_killed_and_replaced_hot(tmp_path: Path) -> None:
     """The membership channel: rank 1 hangs in step 3 (alive for the actor layer, as a SIGSTOPped
     process is for Ray); its member key vanishes (its lease expired). The runner kills it a
