@@ -583,7 +583,7 @@ class TrainCore:
     def sketch(self) -> str:
         """A cheap fingerprint of this rank's training state: the step and, of every parameter and
         each of its optimizer tensors, 8 elements of this rank's part at a fixed stride, gathered
-        and read in one copy. Microseconds per tensor, no pass over the state: each train step
+        and read in one copy. Tens of microseconds per tensor, no pass over the state: each train step
         returns it, the commit records it, and a survivor of a lost peer must still show the
         committed one (``job/groups.recover_hot``). It tells a state that moved on (an optimizer
         step applied) from the committed one; :meth:`fingerprint` is the full proof."""
@@ -596,8 +596,7 @@ class TrainCore:
                     continue
                 local = (t.to_local() if isinstance(t, DTensor) else t).detach().reshape(-1)
                 if local.numel():
-                    idx = torch.linspace(0, local.numel() - 1, steps=min(8, local.numel()), device=local.device)
-                    picks.append(local[idx.long()].to(torch.float64))
+                    picks.append(local[:: max(1, local.numel() // 8)][:8].to(torch.float64))
         h = hashlib.sha256(str(self.step).encode())
         if picks:
             h.update(_raw(torch.cat(picks)))
