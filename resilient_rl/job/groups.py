@@ -489,8 +489,7 @@ class TrainerGroup:
         if len({(x["fingerprint"], x["step"]) for x in prints}) != 1:
             raise RuntimeError(f"after the hot recovery the ranks' state fingerprints differ: "
                                f"{[(x['rank'], x['fingerprint'][:12]) for x in prints]}")  # fmt: skip
-        epoch = int(c.read_state().get("trainer_epoch") or 0) + 1
-        c.update_state(expect=live, trainer_epoch=epoch)
+        epoch = self._next_epoch()
         secs = round(time.monotonic() - t0, 2)
         c.event(Kind.TRAINER_RECOVERED, f"trainer group whole again at step {k} in {secs}s (hot: rank(s) {lost} "
                 f"replaced, epoch {epoch})", seconds=secs, world=self.world, group="trainer", resize=False,
@@ -552,8 +551,7 @@ class TrainerGroup:
         if committed and now != committed[0]:
             raise RuntimeError(f"the spare's state after the replay to step {k} is not the committed one "
                                f"(sketch {now} != {committed[0]})")  # fmt: skip
-        epoch = int(c.read_state().get("trainer_epoch") or 0) + 1
-        c.update_state(expect=live, trainer_epoch=epoch)
+        epoch = self._next_epoch()
         secs = round(time.monotonic() - t0, 2)
         c.event(Kind.TRAINER_RECOVERED, f"trainer back at step {k} in {secs}s (hot: a warm spare took rank 0 "
                 f"from {'the shadow copy' if shadow is not None else 'the snapshot'} of step {s}, epoch {epoch})",
@@ -561,6 +559,12 @@ class TrainerGroup:
                 spares_used=1, source="shadow" if shadow is not None else "snapshot", replayed=k - s)  # fmt: skip
         self.fill_spares()
         return True
+
+    def _next_epoch(self) -> int:
+        """Count one more hot recovery in ``state.trainer_epoch`` (the group re-formed); the new epoch."""
+        epoch = int(self.ctx.read_state().get("trainer_epoch") or 0) + 1
+        self.ctx.update_state(expect=live, trainer_epoch=epoch)
+        return epoch
 
     def rank_names(self, world: int) -> list[str]:
         """The actor names of ranks 0..world-1: ``trainer:{i}``, or the name of the spare that

@@ -200,6 +200,15 @@ def test_crash_looping_rollout_worker_fails_job_with_clear_reason(platform: Live
         time.sleep(0.2)  # the failed job's workers are gone
 
 
+def _wait_spare(platform: LivePlatform, job: str) -> None:
+    """Until the job's warm trainer spare is ready (membership status ``spare``)."""
+    deadline = time.monotonic() + 120
+    while jobs.get(platform.store, job).members.get("trainer-spare", {}).get("0", {}).get("status") != "spare":
+        assert jobs.get(platform.store, job).phase == "RUNNING", "the job ended before its spare was ready"
+        assert time.monotonic() < deadline, ("the warm spare never got ready", jobs.get(platform.store, job).members)
+        time.sleep(0.2)
+
+
 def _recoveries(evs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The trainer restarts and recoveries the test's fault caused. A leader that loses its lease
     under load (a standby takes over) may restart the group first, ``cause: take_over``: that one
@@ -226,11 +235,7 @@ def test_a_killed_ddp_rank_is_replaced_hot_and_the_run_stays_exact(platform: Liv
                                 checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
     _wait_step(platform, job, 3)
     before = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
-    deadline = time.monotonic() + 120
-    while jobs.get(platform.store, job).members.get("trainer-spare", {}).get("0", {}).get("status") != "spare":
-        assert jobs.get(platform.store, job).phase == "RUNNING", "the job ended before its spare was ready"
-        assert time.monotonic() < deadline, ("the warm spare never got ready", jobs.get(platform.store, job).members)
-        time.sleep(0.2)
+    _wait_spare(platform, job)
     os.kill(before["trainer/1"], signal.SIGKILL)
     state = _assert_exactly_once_and_replay(platform, job, work, steps)
     evs = events.read(platform.store, job, limit=1000)
@@ -256,11 +261,7 @@ def test_at_world_one_a_killed_rank_is_replaced_by_the_spare_from_the_shadow_cop
                                 "spares": 1}, checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
     _wait_step(platform, job, 3)
     before = _wait_workers(platform, job, {"rollout": 1, "trainer": 1})
-    deadline = time.monotonic() + 120
-    while jobs.get(platform.store, job).members.get("trainer-spare", {}).get("0", {}).get("status") != "spare":
-        assert jobs.get(platform.store, job).phase == "RUNNING", "the job ended before its spare was ready"
-        assert time.monotonic() < deadline, ("the warm spare never got ready", jobs.get(platform.store, job).members)
-        time.sleep(0.2)
+    _wait_spare(platform, job)
     os.kill(before["trainer/0"], signal.SIGKILL)
     _assert_exactly_once_and_replay(platform, job, work, steps)
     evs = events.read(platform.store, job, limit=1000)
