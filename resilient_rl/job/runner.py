@@ -296,8 +296,10 @@ class JobRunner:
             cause = "lost" if lost else "hang"
             if lost is not None:
                 hot = self._recover_hot(train, str(why))
-                if hot is None:
-                    return _RESTARTED  # the same ranks but the lost ones: step k is trained again
+                if hot is None:  # the same ranks but the lost ones: step k is trained again
+                    hot = self._publish_again()
+                    if hot is None:
+                        return _RESTARTED
                 if hot:
                     why, cause = f"{why}; hot recovery failed ({hot})", "hot_failed"
             w = self.trainers.restart(train.step, self.trainers.world, str(why), cause=cause)
@@ -352,6 +354,21 @@ class JobRunner:
             self.ctx.raise_if_stale(e)
             log.warning("job %s: hot recovery failed (%s): cold path", self.job, describe_error(e))
             return describe_error(e)
+
+    def _publish_again(self) -> str | None:
+        """After a hot recovery: the current weights' handle may have died with the lost rank or
+        node (its weight store, or the rank whose call made it), and a worker loading it would
+        fall behind the policy; the recovered group publishes them again and hands them on.
+        None if done, else the error (the caller takes the cold path, which re-creates the store)."""
+        try:
+            self.weights = self.trainers.publish()
+        except (NotLeader, JobFailed):
+            raise
+        except Exception as e:
+            self.ctx.raise_if_stale(e)
+            return f"publishing the weights again failed: {describe_error(e)}"
+        self.committer.hand_off(self.version, self.weights, self.rollouts)
+        return None
 
     def _committed(self, train: Training, results: Any, secs: float, snaps: SnapshotFlow) -> SnapshotFlow:
         """Step ``train.step`` trained: commit it, hand the weights on, snapshot, resize the trainer."""

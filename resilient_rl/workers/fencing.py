@@ -9,6 +9,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 EXIT_SUPERSEDED = 75  # the exit status of a worker replaced while it was unreachable (see exit_superseded)
+EXIT_STALE_POLICY = 76  # a rollout worker that could not load the policy it was sent (see exit_stale_policy)
 
 
 class StaleLeader(Exception):
@@ -37,3 +38,14 @@ def exit_superseded(holder: dict[str, Any]) -> None:
     )  # fmt: skip
     logging.shutdown()
     os._exit(EXIT_SUPERSEDED)
+
+
+def exit_stale_policy(have: int, step: int) -> None:
+    """A rollout worker asked for a shard of ``step`` holds policy ``have``, older than the
+    staleness bound allows: a ``load_weights`` it was sent failed (the handle's owner died with
+    a lost node or trainer rank, ...). The shard would fail the job at training; the worker
+    exits instead, so the driver generates the shard again on a replacement, which loads the
+    driver's current weights."""
+    log.error("asked for a shard of step %d holding policy v%d (a weight load failed): exiting", step, have)
+    logging.shutdown()
+    os._exit(EXIT_STALE_POLICY)

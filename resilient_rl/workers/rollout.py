@@ -26,7 +26,7 @@ from ..algo.tasks import make_task
 from ..algo.tasks.reward_pool import RewardPool
 from ..spec import JobSpec
 from .engines import Sampling, make_engine
-from .fencing import check_fence, exit_superseded
+from .fencing import check_fence, exit_stale_policy, exit_superseded
 from .transport import fetch
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,8 @@ class RolloutWorker:
         reward 0 and is recorded in the sample (``reward_error``).
         """
         check_fence(self.fence, token, f"shard {step}/{shard}")
+        if self.version < step - self.spec.async_.max_staleness:  # a load it was sent failed
+            exit_stale_policy(self.version, step)
         t0 = time.monotonic()
         self.member.update(status="busy", step=step, shard=shard)
         n = self.spec.rollout.sampling.n
