@@ -56,6 +56,7 @@ class Script:
     # ranks whose state moves on with their step counter left at the committed step (a drift the
     # counter cannot show: their state sketch at the next adopt differs; each one is consumed)
     drift: set[int] = field(default_factory=set)
+    published: list[tuple[int, int]] = field(default_factory=list)  # (step, rank) of every publish() call
     bad_replay: int = 0  # spares promoted without a survivor whose replayed state comes out wrong (count down)
     spare_dies: int = 0  # trainer spares that die while warming (each one counts down)
     promoted: list[int] = field(default_factory=list)  # serials of the spares promoted to ranks
@@ -335,6 +336,8 @@ class FakeTrainer:
             self.training = None
 
     def publish(self) -> dict[str, Any]:
+        with self._script.lock:
+            self._script.published.append((self.step, self.rank))
         return {"step": self.step, "weights": ("weights", self.step)}
 
     def digest(self) -> str:

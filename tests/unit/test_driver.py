@@ -467,6 +467,17 @@ def test_a_rank_lost_mid_step_is_replaced_hot_the_survivor_keeps_its_state(tmp_p
     assert not [n for n in job.layer.names("rrl:drv:") if "trainer" in n]  # all stopped at the end
 
 
+def test_after_a_hot_recovery_the_group_publishes_the_weights_again(tmp_path: Path) -> None:
+    """The handle the rollout workers load may have died with the lost rank (or its node's weight
+    store): the recovered group publishes version 3 again before step 3 is trained again."""
+    job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 0)}), steps=5)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert [e["recovery"] for e in job.events("trainer_restart")] == ["hot"]
+    assert sorted(job.script.published) == [(3, 0), (3, 1)]  # every rank takes part, at the committed step
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
 def test_without_a_spare_the_hot_path_starts_a_new_process_for_the_lost_rank(tmp_path: Path) -> None:
     job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 1)}), steps=5, trainer={"spares": 0})
     job.lead()
