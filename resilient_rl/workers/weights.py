@@ -96,5 +96,11 @@ class WeightStore:
     def ping(self) -> bool:
         return True
 
+    def node(self) -> str:
+        """The Ray node this store runs on (its loss takes every published version with it)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def shutdown(self) -> None:
         """Nothing to leave (no membership); the job's end kills this actor."""
