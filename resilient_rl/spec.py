@@ -246,6 +246,17 @@ class RolloutSpec(_Section):
     kv_cache_gib: float = Size(
         1.0, gt=0, le=4096, why=_CPUS_WHY, description="vLLM CPU KV cache size (GiB); keeps Ray's OOM killer away."
     )
+    spares: int = Size(
+        1,
+        ge=0,
+        le=64,
+        why="a spare holds a worker's CPUs, GPUs and engine memory while it waits",
+        description="Warm spare rollout workers: started beside the group with their engine up, in no "
+        "group (membership: `rollout-spare`). A lost or hung worker's place is taken by one at once: it "
+        "loads the current weights and takes shards (no process start, no engine start, no backoff; the "
+        "fault still counts against fault.max_restarts), and a new spare is started in the background. "
+        "Each spare reserves num_cpus / num_gpus like a worker. 0: a replacement is started after the backoff.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> RolloutSpec:

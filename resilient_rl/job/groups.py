@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from controller.events import Kind
@@ -29,6 +30,7 @@ from ..naming import TRAINER_ENV
 from .actors import Placement, actor_died, create_fresh, unreachable
 from .context import JobContext, live
 from .faults import FaultPolicy
+from .spares import SparePool
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +53,27 @@ class RolloutGroup:
         self.idle: set[int] = set()
         self.joining: dict[Any, tuple[int, float]] = {}  # join ref -> (index, sent)
         self.waiting: dict[int, float] = {}  # index -> monotonic time its (backed-off) replacement may start
+        # warm spares (engine up, in no group): a lost worker's place is taken by one at once
+        self.spares = SparePool(ctx, "rollout-spare", self._create_spare,
+                                probe=lambda a: self.actors.call(a, "warm"))  # fmt: skip
+        self.promoting: dict[int, tuple[str, Any]] = {}  # index -> the spare taken for it, promoted at tick
+        self.served_by: dict[int, str] = {}  # index -> the promoted spare serving it (its actor name)
+        self._from_spare: dict[int, str] = {}  # index -> spare name, until its join is recorded
+
+    def _placement(self) -> Placement:
+        r = self.ctx.spec.rollout
+        return Placement(r.num_cpus, r.num_gpus, self.ctx.runtime_env())
 
     def _create(self, i: int) -> Any:
-        r, c = self.ctx.spec.rollout, self.ctx
+        c = self.ctx
         # never get_if_exists: a dead worker's handle would be handed back for its replacement
         args = (c.job, i, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd)
-        placement = Placement(r.num_cpus, r.num_gpus, c.runtime_env())
-        return create_fresh(self.actors, "rollout", c.actor_name("rollout", i), args, placement)
+        return create_fresh(self.actors, "rollout", c.actor_name("rollout", i), args, self._placement())
+
+    def _create_spare(self, name: str, n: int) -> Any:
+        c = self.ctx
+        args = (c.job, 0, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd, n)
+        return self.actors.create("rollout", name, args, self._placement())
 
     def _join(self, i: int, w: Any, version: int, weights: Any) -> None:
         self.workers[i] = w
@@ -67,6 +83,34 @@ class RolloutGroup:
     def add(self, i: int, version: int, weights: Any) -> None:
         """Start worker ``i``; it joins ``idle`` once it holds ``version`` (async)."""
         self._join(i, self._create(i), version, weights)
+        self._serve(i, None)
+
+    def _promote(self, i: int, name: str, spare: Any, version: int, weights: Any) -> None:
+        """Spare ``name`` takes worker ``i``'s place: one call, its weight load (async, as a join)."""
+        self.workers[i] = spare
+        ref = self.actors.call(spare, "promote", i, self.ctx.token, self.ctx.spec.digest(), version, weights)
+        self.joining[ref] = (i, time.monotonic())
+        self._from_spare[i] = name
+        self._serve(i, name)
+
+    def _serve(self, i: int, name: str | None) -> None:
+        """Record which actor serves index ``i`` when it is a promoted spare (``rollout_actors`` in
+        the job's state: a new leader finds it there, see :meth:`start`)."""
+        if self.served_by.get(i) == name:
+            return
+        if name is None:
+            self.served_by.pop(i, None)
+        else:
+            self.served_by[i] = name
+        self.ctx.update_state(expect=live, rollout_actors={str(j): n for j, n in self.served_by.items()} or None)
+
+    def spares_wanted(self) -> int:
+        return self.ctx.spec.rollout.spares
+
+    def fill_spares(self) -> None:
+        """Keep ``rollout.spares`` spares warm or warming, in the background (see :class:`SparePool`)."""
+        if self.workers:
+            self.spares.fill(self.spares_wanted())
 
     def start(self, n: int, version: int, weights: Any, was_running: bool = False) -> int:
         """Bring the group to ``n`` workers holding ``version`` and wait for all of them:
@@ -77,11 +121,14 @@ class RolloutGroup:
         A = self.actors
         adopted = 0
         missing = []
+        recorded = {int(i): str(name) for i, name in (self.ctx.read_state().get("rollout_actors") or {}).items()}
+        self.served_by = dict(recorded)
         for i in range(max(n, 16, self.ctx.spec.rollout.max_replicas or 0)):
-            a = A.find(self.ctx.actor_name("rollout", i))
+            a = A.find(recorded.get(i) or self.ctx.actor_name("rollout", i))
             if i >= n:
                 if a is not None:
                     A.kill(a)
+                self.served_by.pop(i, None)
                 continue
             if a is not None:
                 self._join(i, a, version, weights)
@@ -89,6 +136,12 @@ class RolloutGroup:
             else:
                 missing.append(i)
                 self.add(i, version, weights)
+        if self.served_by != recorded:
+            self.ctx.update_state(expect=live, rollout_actors={str(j): m for j, m in self.served_by.items()} or None)
+        serving = set(self.served_by.values())
+        for name in A.names(self.ctx.actor_prefix("rollout-spare")):
+            if name not in serving and (a := A.find(name)) is not None:
+                A.kill(a)  # a previous leader's idle spare (unfenced): fill_spares starts fresh ones
         if was_running:
             for i in missing:
                 self.faults.worker_down[i] = time.monotonic()
@@ -141,7 +194,11 @@ class RolloutGroup:
         t = self.faults.worker_back(i)
         if t is not None:
             data["recovery_s"] = t
+        spare = self._from_spare.pop(i, None)
+        if spare is not None:
+            data["spare"] = spare
         self.ctx.event(Kind.ROLLOUT_JOINED, f"rollout worker {i} joined at policy v{version}"
+                       + (f" (the warm spare {spare})" if spare else "")
                        + (f", {data['recovery_s']}s after its fault" if t is not None else ""), **data)  # fmt: skip
         joining = {j for j, _ in self.joining.values()}
         if t is not None and len(set(self.workers) - joining) >= self.ctx.want("rollout"):
@@ -161,23 +218,36 @@ class RolloutGroup:
         for ref, (j, _) in list(self.joining.items()):
             if j == i:
                 del self.joining[ref]
+        self._from_spare.pop(i, None)
         old = self.workers.pop(i, None)
         if old is not None:
             self.actors.kill(old)
         self.faults.worker_down.setdefault(i, time.monotonic())
-        backoff = self.faults.restart("rollout", backoff=delay)
+        backoff = self.faults.restart("rollout", backoff=delay)  # spent either way: a crash loop still ends
+        spare = self.spares.take() if i < self.ctx.want("rollout") else None
+        if spare is not None:  # no process to start, no engine to load: no backoff either
+            backoff = 0.0
+            self.promoting[i] = spare
         self.ctx.event(Kind.ROLLOUT_FAULT, f"rollout worker {i} lost: {describe_error(err)}; "
-                       f"replacing it in {backoff:.1f}s", worker=i, group="rollout", backoff_s=backoff)  # fmt: skip
+                       + (f"the warm spare {spare[0]} takes its place" if spare else f"replacing it in {backoff:.1f}s"),
+                       worker=i, group="rollout", backoff_s=backoff,
+                       **({"spare": spare[0]} if spare else {}))  # fmt: skip
         self.waiting[i] = time.monotonic() + backoff
 
     def tick(self, version: int, weights: Any) -> None:
-        """Start the replacements whose backoff has passed."""
+        """Start the replacements whose backoff has passed (a spare taken for one: at once)."""
         now = time.monotonic()
         for i, at in list(self.waiting.items()):
             if at <= now:
                 del self.waiting[i]
+                spare = self.promoting.pop(i, None)
                 if i < self.ctx.want("rollout") and i not in self.workers:
-                    self.add(i, version, weights)
+                    if spare is not None:
+                        self._promote(i, spare[0], spare[1], version, weights)
+                    else:
+                        self.add(i, version, weights)
+                elif spare is not None:  # scaled down meanwhile: the spare goes back
+                    self.spares.ready.append(spare)
 
     def resize(self, want: int, version: int, weights: Any) -> None:
         """Grow to ``want`` workers (async join) or drain the ones above it (stop when idle)."""
@@ -196,6 +266,7 @@ class RolloutGroup:
                 except Exception as e:  # already gone: nothing to drain
                     log.info("shutdown of drained worker %d: %s", i, e)
                 A.kill(w)
+                self._serve(i, None)
                 self.ctx.event(Kind.SCALE, f"rollout: worker {i} drained and stopped (desired {want})",
                                worker=i)  # fmt: skip
 
@@ -210,9 +281,13 @@ class TrainerGroup:
         self.model_dir = model_dir
         self.ranks: list[Any] = []
         self.strategy = ctx.strategy()  # what the running ranks train under (set by start / adopt)
-        self.spares: list[tuple[str, Any]] = []  # warm spares (name, actor), ready to be promoted
-        self._warming: dict[Any, tuple[str, Any]] = {}  # warm() call -> (name, actor)
-        self._spare_seq = 0
+        # called while a (re)start or a recovery waits on the ranks: the runner serves the rollouts
+        # there (dispatch, take in, journal), so generation goes on up to the staleness bound
+        self.pump: Callable[[], list[Any]] = list  # returns the calls it serves (to wake up on)
+        c = ctx
+        # warm spares, ready to be promoted: taking one raises its fence to this leader's
+        self.spares = SparePool(ctx, "trainer-spare", self._create_spare,
+                                probe=lambda a: self.actors.call(a, "adopt", c.token, c.spec.digest()))  # fmt: skip
 
     @property
     def world(self) -> int:
@@ -247,12 +322,12 @@ class TrainerGroup:
         master = A.get(A.call(self.ranks[0], "address"))
         if shadow is not None:  # newer than any snapshot: restore it from memory, replay less
             s, restore = shadow["step"], None
-            ready = A.get([A.call(r, "setup", master, None, {"step": s, "rank": 0 if shadow["sources"] == 1 else i})
-                           for i, r in enumerate(self.ranks)])  # fmt: skip
+            ready = self._get([A.call(r, "setup", master, None, {"step": s, "rank": 0 if shadow["sources"] == 1 else i})
+                               for i, r in enumerate(self.ranks)])  # fmt: skip
             self.ctx.event(Kind.SHADOW_RESTORED, f"trainer state of step {s} restored from the in-memory shadow copy",
                            step=s, world=world, strategy=strategy)  # fmt: skip
         else:
-            ready = A.get([A.call(r, "setup", master, restore) for r in self.ranks])
+            ready = self._get([A.call(r, "setup", master, restore) for r in self.ranks])
         A.get([A.call(r, "adopt", c.token, c.spec.digest()) for r in self.ranks])  # fence them
         self.ctx.record_lineage(k, {"from_step": s, "snapshot": restore if shadow is None else f"shadow@{s}",
                                   "world": world, "strategy": strategy, "threads": ready[0]["threads"]})  # fmt: skip
@@ -263,7 +338,7 @@ class TrainerGroup:
         out = None
         for j in range(s, k):
             self.ctx.check_leader()
-            out = A.get([A.call(t, "train_step", j, j == k - 1, c.token) for t in self.ranks])[0]
+            out = self._get([A.call(t, "train_step", j, j == k - 1, c.token) for t in self.ranks])[0]
         return out["weights"] if out is not None else self.publish()
 
     def publish(self) -> Any:
@@ -383,6 +458,24 @@ class TrainerGroup:
                                budgeted=budgeted)  # fmt: skip
                 self._wait(backoff)
 
+    def _get(self, refs: Any, timeout: float | None = None) -> Any:
+        """``actors.get(refs, timeout)``, calling :attr:`pump` whenever one of the calls it serves
+        finished (or every 0.2 s) while it waits. Raises as soon as one of ``refs`` failed (as a
+        rank's death fails its peers' collective)."""
+        A = self.actors
+        watched = list(refs) if isinstance(refs, list) else [refs]
+        end = None if timeout is None else time.monotonic() + timeout
+        served: list[Any] = self.pump()  # the pump's calls in flight (shards, joins): their end wakes this up
+        while True:
+            done, pending = A.wait(watched, num_returns=len(watched), timeout=0)
+            for ref in done:
+                A.get(ref, timeout=0)  # a failed call raises here, whatever the others do
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if not pending or left == 0.0:
+                return A.get(refs, timeout=0)  # (past the timeout: GetTimeoutError)
+            A.wait([*pending, *served], num_returns=1, timeout=0.2 if left is None else min(0.2, left))
+            served = self.pump()
+
     def _wait(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
@@ -476,7 +569,7 @@ class TrainerGroup:
         calls += [A.call(a, "promote", master, i, self.world, c.token, src) for i, (_, a) in promoted.items()]
         calls += [A.call(a, "setup", master, None, None, src) for i, a in fresh.items()]
         limit = max(300.0, c.spec.fault.hang_timeout)
-        A.get(calls, timeout=limit)
+        self._get(calls, timeout=limit)
         for i, a in {**{i: a for i, (_, a) in promoted.items()}, **fresh}.items():
             self.ranks[i] = a
         A.get([A.call(fresh[i], "adopt", c.token, c.spec.digest()) for i in fresh], timeout=limit)  # fence them
@@ -485,7 +578,7 @@ class TrainerGroup:
             names.pop(str(i), None)
         names.update({str(i): name for i, (name, _) in promoted.items()})
         c.update_state(expect=live, trainer_actors=names or None)
-        prints = A.get([A.call(r, "fingerprint") for r in self.ranks], timeout=limit)
+        prints = self._get([A.call(r, "fingerprint") for r in self.ranks], timeout=limit)
         if len({(x["fingerprint"], x["step"]) for x in prints}) != 1:
             raise RuntimeError(f"after the hot recovery the ranks' state fingerprints differ: "
                                f"{[(x['rank'], x['fingerprint'][:12]) for x in prints]}")  # fmt: skip
@@ -531,8 +624,8 @@ class TrainerGroup:
             s, restore = int(shadow["step"]), None
         master = A.get(A.call(spare, "address", True), timeout=30)
         limit = max(300.0, c.spec.fault.hang_timeout)
-        ready = A.get(A.call(spare, "promote", master, 0, 1, c.token, None, restore,
-                             {"step": s, "rank": 0} if shadow is not None else None), timeout=limit)  # fmt: skip
+        ready = self._get(A.call(spare, "promote", master, 0, 1, c.token, None, restore,
+                                 {"step": s, "rank": 0} if shadow is not None else None), timeout=limit)  # fmt: skip
         self.ranks = [spare]
         c.update_state(expect=live, trainer_actors={"0": name})
         if shadow is not None:
@@ -545,7 +638,7 @@ class TrainerGroup:
         out: dict[str, Any] | None = None
         for j in range(s, k):
             c.check_leader()
-            out = A.get(A.call(spare, "train_step", j, False, c.token), timeout=limit)
+            out = self._get(A.call(spare, "train_step", j, False, c.token), timeout=limit)
         committed = c.read_state().get("state_sketch") or []
         now = out["sketch"] if out is not None else A.get(A.call(spare, "adopt", c.token, c.spec.digest()))["sketch"]
         if committed and now != committed[0]:
@@ -577,7 +670,7 @@ class TrainerGroup:
         ``keep_spares`` (a restart of this leader's ddp group) the idle spares this group
         warmed or is warming live on: a cold restart does not cost the next fault its spare."""
         A = self.actors
-        keep = {n for n, _ in self.spares} | {n for n, _ in self._warming.values()} if keep_spares else set()
+        keep = self.spares.names() if keep_spares else set()
         for group in ("trainer", "trainer-spare"):
             for name in A.names(self.ctx.actor_prefix(group)):
                 a = A.find(name) if name not in keep else None
@@ -585,7 +678,7 @@ class TrainerGroup:
                     A.kill(a)
         self.ranks = []
         if not keep_spares:
-            self.spares, self._warming = [], {}
+            self.spares.forget()
 
     # -- warm spares -----------------------------------------------------------------
 
@@ -595,61 +688,18 @@ class TrainerGroup:
         return t.spares if t.hot_recovery and self.strategy == "ddp" and self.world >= 1 else 0
 
     def fill_spares(self) -> None:
-        """Take in the spares that finished warming (a failed one is dropped) and start new ones
-        up to :meth:`spares_wanted`, in the background: nothing here waits for a spare. Called
-        once per pass of the step loop."""
-        A, c = self.actors, self.ctx
-        self._take_in_warmed()
-        if len(self.spares) + len(self._warming) >= self.spares_wanted() or not self.ranks:
-            return
-        prefix = c.actor_prefix("trainer-spare")
+        """Keep :meth:`spares_wanted` spares warm or warming, in the background (see
+        :class:`SparePool`); called once per pass of the step loop."""
+        if self.ranks:
+            self.spares.fill(self.spares_wanted())
 
-        taken = [int(n.rsplit(":", 1)[1]) for n in A.names(prefix) if n.rsplit(":", 1)[1].isdigit()]
-        self._spare_seq = max([self._spare_seq, *[t + 1 for t in taken]])
+    def _create_spare(self, name: str, n: int) -> Any:
+        c, t = self.ctx, self.ctx.spec.trainer
         env = c.runtime_env()
         env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
-        t = c.spec.trainer
-        while len(self.spares) + len(self._warming) < self.spares_wanted():
-            n, self._spare_seq = self._spare_seq, self._spare_seq + 1
-            name = c.actor_name("trainer-spare", n)
-            try:
-                a = A.create("trainer", name, (c.job, 0, self.world, c.spec.to_json(), self.model_dir,
-                                               str(c.workdir), c.etcd, self.strategy, n),
-                             Placement(t.num_cpus, t.num_gpus, env))  # fmt: skip
-            except ValueError as e:  # the name of a spare just killed (Ray frees it once it saw the death)
-                if "taken" not in str(e):
-                    raise
-                continue
-            self._warming[A.call(a, "warm")] = (name, a)
-
-    def _take_in_warmed(self) -> None:
-        """Spares whose warm-up ended join ``spares`` (a failed one is dropped and killed)."""
-        A, c = self.actors, self.ctx
-        for ref, (name, a) in list(self._warming.items()):
-            if not A.wait([ref], timeout=0)[0]:
-                continue
-            del self._warming[ref]
-            try:
-                A.get(ref, timeout=0)
-                self.spares.append((name, a))
-            except Exception as e:
-                c.raise_if_stale(e)
-                log.warning("job %s: trainer spare %s failed to warm (%s): starting another", c.job, name,
-                            describe_error(e))  # fmt: skip
-                A.kill(a)
+        args = (c.job, 0, self.world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd, self.strategy, n)
+        return self.actors.create("trainer", name, args, Placement(t.num_cpus, t.num_gpus, env))
 
     def _take_spare(self) -> tuple[str, Any] | None:
-        """A warm spare that answers (its fence raised to this leader's), or None. A spare that
-        died while idle is dropped; a new one is started by the next :meth:`fill_spares`."""
-        A, c = self.actors, self.ctx
-        self._take_in_warmed()  # one that finished since the last pass counts
-        while self.spares:
-            name, a = self.spares.pop(0)
-            try:
-                A.get(A.call(a, "adopt", c.token, c.spec.digest()), timeout=c.spec.fault.lease_ttl + 5.0)
-                return name, a
-            except Exception as e:
-                c.raise_if_stale(e)
-                log.warning("job %s: a trainer spare is gone (%s): trying the next", c.job, describe_error(e))
-                A.kill(a)
-        return None
+        """A warm spare that answers, its fence raised to this leader's (see :meth:`SparePool.take`)."""
+        return self.spares.take()

@@ -224,6 +224,7 @@ class JobRunner:
         """The step loop: plan, dispatch, wait, take in what is ready, commit."""
         shards, rollouts = self.shards, self.rollouts
         shards.start_at(k)
+        self.trainers.pump = self._serve_rollouts  # from here on a trainer recovery keeps the rollouts going
         train: Training | None = None
         t_step = self._last_pass = time.monotonic()
         while k < self.spec.steps and not self._stop.is_set():
@@ -251,6 +252,24 @@ class JobRunner:
             shards.collect(ready, rollouts)
         return snaps
 
+    def _serve_rollouts(self) -> list[Any]:
+        """The rollout half of a pass of the loop, run while the trainer group (re)starts or recovers
+        (its waits call it, see ``TrainerGroup.pump``): what finished is taken in and journaled,
+        the watchdog, replacements, dispatch up to the staleness bound. Nothing trains or commits
+        here. Returns the calls now in flight (shards, joins)."""
+        shards, rollouts = self.shards, self.rollouts
+        watched = [*shards.refs(), *rollouts.refs()]
+        ready = self.actors.wait(watched, num_returns=len(watched), timeout=0)[0] if watched else []
+        for ref in ready:
+            rollouts.on_ready(ref)
+        shards.collect(ready, rollouts)
+        shards.write_batches()
+        shards.watchdog(rollouts)
+        rollouts.resize(self._want("rollout"), self.version, self.weights)
+        shards.plan(self.version)
+        shards.dispatch(rollouts)
+        return [*shards.refs(), *rollouts.refs()]
+
     def _housekeep(self, train: Training | None, queued: int) -> None:
         """Once per pass: credit time this process did not run, the autoscaler, group sizes, the pause."""
         now = time.monotonic()
@@ -265,6 +284,7 @@ class JobRunner:
                                f"({queued} shards queued, {len(rollouts.idle)} idle)",
                                size=self.autoscaler.size)  # fmt: skip
         rollouts.resize(self._want("rollout"), self.version, self.weights)
+        rollouts.fill_spares()
         self.trainers.fill_spares()
         self._lease_lost(training=train is not None)
         self._pause_tick(busy=train is not None)
@@ -519,7 +539,10 @@ class JobRunner:
         A = self.actors
         if not self._connected:
             return
-        for name in A.names(actor_prefix(self.job, "trainer-spare")):
+        for name in [
+            *A.names(actor_prefix(self.job, "trainer-spare")),
+            *A.names(actor_prefix(self.job, "rollout-spare")),
+        ]:
             if (spare := A.find(name)) is not None:  # spares (and promoted ones) have names beyond the indices
                 with contextlib.suppress(Exception):
                     A.get(A.call(spare, "shutdown"), timeout=5)

@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 class RolloutWorker:
     """Generate shards of prompts with one policy version at a time (see module doc)."""
 
-    def __init__(self, job: str, index: int, spec_json: str, model_dir: str, workdir: str, etcd: str) -> None:
+    def __init__(
+        self, job: str, index: int, spec_json: str, model_dir: str, workdir: str, etcd: str, spare: int | None = None
+    ) -> None:
         import ray
         import torch
 
@@ -53,17 +55,46 @@ class RolloutWorker:
         self.version = 0
         self.fence = 0  # newest leader token seen (see fencing.check_fence)
         self.store = Store(etcd, timeout=2.0, retry_window=30.0)
-        self.member = Registration(
-            self.store, job, "rollout", str(index), ttl=self.spec.fault.lease_ttl, version=0, engine=r.engine,
-            ray_node=ray.get_runtime_context().get_node_id(), on_superseded=exit_superseded,
-        )  # fmt: skip
+        self.spare = spare  # a warm spare's number until it is promoted (see promote)
+        self._node = ray.get_runtime_context().get_node_id()
+        if spare is None:
+            self.member = self._register("rollout", str(index))
+        else:
+            self.member = self._register("rollout-spare", str(spare), status="warming")
         t0 = time.monotonic()
         try:
             self.engine = make_engine(r.engine, model_dir, self.spec.model.dtype, r.kv_cache_gib, self.spec.seed)
         except BaseException:
             self.member.close()  # leave at once: a worker that never started is not a member
             raise
-        self.member.update(status="ready", engine_start_s=round(time.monotonic() - t0, 2))
+        self.engine_start_s = round(time.monotonic() - t0, 2)
+        self.member.update(status="ready" if spare is None else "spare", engine_start_s=self.engine_start_s)
+
+    def _register(self, group: str, worker: str, **fields: Any) -> Registration:
+        return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, version=self.version,
+                            engine=self.spec.rollout.engine, ray_node=self._node, on_superseded=exit_superseded,
+                            **fields)  # fmt: skip
+
+    def warm(self) -> dict[str, Any]:
+        """A spare is warm once its engine is up (the constructor): this answers after it."""
+        return {"spare": self.spare, "pid": os.getpid(), "engine_start_s": self.engine_start_s}
+
+    def promote(self, index: int, token: int, spec_digest: str, version: int, weights: Any) -> int:
+        """A warm spare replaces lost worker ``index``: it takes that worker's membership key
+        (by compare-and-swap, see ``Registration``), raises its fence to the leader's and loads
+        policy ``version``; it takes shards only after this returns. Returns the loaded version."""
+        if self.spare is None:
+            raise RuntimeError(f"rollout worker {self.index} is not a spare")
+        check_fence(self.fence, token, "promote")
+        if spec_digest != self.spec.digest():
+            raise ValueError("this spare runs another spec of the job (a leftover of an earlier run)")
+        self.fence = token
+        old, self.index, self.spare = self.member, index, None
+        self.member = self._register("rollout", str(index), status="ready", engine_start_s=self.engine_start_s)
+        old.close()
+        if weights is not None:
+            self.load_weights(version, weights)
+        return self.version
 
     def load_weights(self, version: int, weights: Any) -> int:
         """Load policy ``version`` in place (between shards) from its published handle (see

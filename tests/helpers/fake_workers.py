@@ -59,11 +59,16 @@ class Script:
     published: list[tuple[int, int]] = field(default_factory=list)  # (step, rank) of every publish() call
     bad_replay: int = 0  # spares promoted without a survivor whose replayed state comes out wrong (count down)
     spare_dies: int = 0  # trainer spares that die while warming (each one counts down)
+    rollout_spare_dies: int = 0  # rollout spares that die while warming (each one counts down)
+    rollout_promoted: list[tuple[int, int, int]] = field(default_factory=list)  # (index, serial, version)
     promoted: list[int] = field(default_factory=list)  # serials of the spares promoted to ranks
     transfers: dict[Any, tuple[int, list[int]]] = field(default_factory=dict)  # reform master -> sent state
     barriers: dict[int, threading.Barrier] = field(default_factory=dict)
     broken: bool = False  # a rank died: the process group is broken until the survivors re-form it
     generated: list[tuple[int, int, int]] = field(default_factory=list)  # (step, shard, worker) journaled
+    shards_by: list[tuple[int, int, int, int, float]] = field(default_factory=list)  # (step, shard, serial, version, t)
+    setup_delay_s: float = 0.0  # how long a rank's setup (a restore) takes
+    setups: list[tuple[float, float]] = field(default_factory=list)  # (start, end) monotonic of every setup
     trained: list[tuple[int, int, int]] = field(default_factory=list)  # (step, rank, actor serial) applied
     layer: FakeActors | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -109,12 +114,34 @@ _serial = iter(range(1, 1_000_000))
 class FakeRollout:
     _script: Script
 
-    def __init__(self, job: str, index: int, spec_json: str, model_dir: str, workdir: str, etcd: str) -> None:
-        self.index = index
+    def __init__(
+        self, job: str, index: int, spec_json: str, model_dir: str, workdir: str, etcd: str, spare: int | None = None
+    ) -> None:
+        self.index, self.spare = index, spare
         self.spec = JobSpec.model_validate_json(spec_json)
         self.journal = Journal(Path(workdir) / "journal")
         self.version = 0
         self.fence = 0
+        self.serial = next(_serial)
+
+    def warm(self) -> dict[str, Any]:
+        s = self._script
+        with s.lock:
+            dies = s.rollout_spare_dies > 0
+            s.rollout_spare_dies -= dies
+        if dies:
+            _die(self)
+        return {"spare": self.spare, "pid": self.serial, "engine_start_s": 0.0}
+
+    def promote(self, index: int, token: int, spec_digest: str, version: int, weights: Any) -> int:
+        check_fence(self.fence, token, "promote")
+        assert self.spare is not None, "not a spare"
+        self.fence, self.index, self.spare = token, index, None
+        with self._script.lock:
+            self._script.rollout_promoted.append((index, self.serial, version))
+        if weights is not None:
+            self.load_weights(version, weights)
+        return self.version
 
     def adopt(self, token: int, spec_digest: str, version: int, weights: Any) -> int:
         check_fence(self.fence, token, "adopt")
@@ -145,6 +172,7 @@ class FakeRollout:
         ref = self.journal.write_shard(step, shard, samples, {"worker": self.index, "version": self.version})
         with s.lock:
             s.generated.append((step, shard, self.index))
+            s.shards_by.append((step, shard, self.serial, self.version, time.monotonic()))
         return {"ref": ref.to_dict(), "bytes": 100, "version": self.version, "reward_mean": 0.0, "reward_errors": 0,
                 "reward_error": None, "samples": len(samples), "tokens": 2 * len(samples), "seconds": 0.0,
                 "worker": self.index}  # fmt: skip
@@ -257,7 +285,10 @@ class FakeTrainer:
             return {"rank": self.rank, "step": self.step, "digest": self.digest(), "threads": 1,
                     "strategy": self.strategy}  # fmt: skip
         s = self._script
+        t0 = time.monotonic()
+        time.sleep(s.setup_delay_s)
         with s.lock:
+            s.setups.append((t0, time.monotonic()))
             s.broken = False  # a new group
             dies = s.fail_start > 0
             s.fail_start -= dies

@@ -1,0 +1,103 @@
+"""Warm spares of a worker group: processes started ahead of a fault, promoted at one.
+
+A spare is a detached named actor (``rrl:{job}:{group}-spare:{n}``) that has done its
+slow start-up already (a trainer spare: torch imported, model and optimizer built; a
+rollout spare: its engine up) and is in no group. Its ``warm()`` call returns once it is
+ready. A fault takes one (:meth:`SparePool.take`) instead of starting a process on the
+critical path, and the pool starts another in the background (:meth:`SparePool.fill`,
+once per pass of the step loop): nothing here waits for a spare to warm.
+
+The pool does not know what a spare does once promoted; its group does. Shared by
+:class:`~resilient_rl.job.groups.TrainerGroup` and :class:`~resilient_rl.job.groups.RolloutGroup`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import describe_error
+from .context import JobContext
+
+log = logging.getLogger(__name__)
+
+
+class SparePool:
+    """The warm spares of one group (see module doc).
+
+    ``create(name, n)`` creates spare number ``n`` under ``name`` (and may raise ValueError
+    "taken" for a name Ray has not freed yet); ``probe(actor)`` is the call a spare must
+    answer to be taken (the trainer's raises its fence)."""
+
+    def __init__(
+        self, ctx: JobContext, group: str, create: Callable[[str, int], Any], probe: Callable[[Any], Any]
+    ) -> None:
+        self.ctx, self.group = ctx, group  # group: "trainer-spare" | "rollout-spare"
+        self.create, self.probe = create, probe
+        self.ready: list[tuple[str, Any]] = []  # warm, ready to be promoted (name, actor)
+        self.warming: dict[Any, tuple[str, Any]] = {}  # warm() call -> (name, actor)
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self.ready) + len(self.warming)
+
+    def names(self) -> set[str]:
+        """The actor names of every spare this pool holds or is warming."""
+        return {n for n, _ in self.ready} | {n for n, _ in self.warming.values()}
+
+    def forget(self) -> None:
+        """Drop every spare from the pool (their actors were killed by name)."""
+        self.ready, self.warming = [], {}
+
+    def fill(self, want: int) -> None:
+        """Take in the spares that finished warming (a failed one is dropped) and start new ones
+        up to ``want``, in the background."""
+        A = self.ctx.actors
+        self._take_in_warmed()
+        if len(self) >= want:
+            return
+        taken = [n.rsplit(":", 1)[1] for n in A.names(self.ctx.actor_prefix(self.group))]
+        self._seq = max([self._seq, *[int(t) + 1 for t in taken if t.isdigit()]])
+        while len(self) < want:
+            n, self._seq = self._seq, self._seq + 1
+            name = self.ctx.actor_name(self.group, n)
+            try:
+                a = self.create(name, n)
+            except ValueError as e:  # the name of a spare just killed (Ray frees it once it saw the death)
+                if "taken" not in str(e):
+                    raise
+                continue
+            self.warming[A.call(a, "warm")] = (name, a)
+
+    def _take_in_warmed(self) -> None:
+        """Spares whose warm-up ended join ``ready`` (a failed one is dropped and killed)."""
+        A, c = self.ctx.actors, self.ctx
+        for ref, (name, a) in list(self.warming.items()):
+            if not A.wait([ref], timeout=0)[0]:
+                continue
+            del self.warming[ref]
+            try:
+                A.get(ref, timeout=0)
+                self.ready.append((name, a))
+            except Exception as e:
+                c.raise_if_stale(e)
+                log.warning("job %s: %s %s failed to warm (%s): starting another", c.job, self.group, name,
+                            describe_error(e))  # fmt: skip
+                A.kill(a)
+
+    def take(self) -> tuple[str, Any] | None:
+        """A warm spare that answers ``probe``, or None. A spare that died while idle is dropped
+        (and killed); a new one is started by the next :meth:`fill`."""
+        A, c = self.ctx.actors, self.ctx
+        self._take_in_warmed()  # one that finished since the last pass counts
+        while self.ready:
+            name, a = self.ready.pop(0)
+            try:
+                A.get(self.probe(a), timeout=c.spec.fault.lease_ttl + 5.0)
+                return name, a
+            except Exception as e:
+                c.raise_if_stale(e)
+                log.warning("job %s: a %s is gone (%s): trying the next", c.job, self.group, describe_error(e))
+                A.kill(a)
+        return None
