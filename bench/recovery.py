@@ -2,6 +2,7 @@
 
 .venv/bin/python -m bench recovery [--mtbf 30,60] [--duration 6m] [--seed 1] [--repeats 1]
 .venv/bin/python -m bench recovery --trainer-kills 4 [--world 2]   # hot vs cold trainer recovery (world 1 or 2)
+.venv/bin/python -m bench recovery --rollout-kills 3                # rollout kills with a warm spare vs without
 
 Each run is the chaos harness's soak (``rrl chaos soak``, scenarios/soak.yaml: the tiny
 HF-engine copy job, 2 rollout workers, 1 trainer rank, 2 controllers, snapshot every 10
@@ -108,26 +109,78 @@ def trainer_scenario(hot: bool, kills: int, name: str, world: int = 2) -> dict[s
     }  # fmt: skip
 
 
-def trainer_paths(kills: int, out: Path, world: int = 2) -> int:
-    """Trainer-rank kills at ``world``, the hot path and the cold path in one run, side by side."""
+def rollout_scenario(spare: bool, kills: int, name: str) -> dict[str, Any]:
+    """A chaos scenario of ``kills`` rollout-worker SIGKILLs (2 workers, alternating) with a warm
+    spare (``rollout.spares: 1``) or without (``0``: a new process after the backoff). Kills are
+    30 steps apart (about 15 s: the spare used by one kill is warm again before the next)."""
+    gap = 30
+    return {
+        "name": name,
+        "cluster": {"etcd_members": 1, "ray_nodes": 1, "controllers": 1, "leader_ttl": 5},
+        "job": {
+            "name": name, "model": {"init": {}}, "task": {"kind": "copy", "num_prompts": 64},
+            "rollout": {"replicas": 2, "engine": "hf", "sampling": {"max_tokens": 6, "n": 4}, "spares": int(spare)},
+            "trainer": {"replicas": 1, "lr": 0.002, "spares": 0},
+            "prompts_per_step": 4, "steps": gap * kills + 12, "seed": 7,
+            "checkpoint": {"every": 10, "keep": 2}, "fault": {"hang_timeout": 5.0, "lease_ttl": 3},
+        },
+        "faults": [{"kind": "rollout_kill", "at": {"step": gap + gap * i}, "target": i % 2} for i in range(kills)],
+        "settle_timeout_s": 240,
+        "timeout_s": 900,
+    }  # fmt: skip
+
+
+def rollout_paths(kills: int, out: Path) -> int:
+    """Rollout-worker kills with a warm spare and without, in one run, side by side."""
+    print(machine_line(), flush=True)
+    rows, runs = [], {}
+    for spare in (True, False):
+        mode = "spare" if spare else "no spare"
+        full, rc = _chaos_run(out / f"rollout-{'spare' if spare else 'none'}",
+                              rollout_scenario(spare, kills, f"bench-rollout-{'spare' if spare else 'none'}"))  # fmt: skip
+        rep = condense({**full, "exit_code": rc})
+        joined = [e for e in full.get("events", []) if e.get("kind") == "rollout_joined" and e.get("recovery_s")]
+        rep["joins"] = [{k: e.get(k) for k in ("worker", "recovery_s", "spare")} for e in joined]
+        runs[mode] = rep
+        fs = [f for f in rep["faults"] if f["status"] == "injected"]
+        green = all(i["ok"] for i in rep["invariants"])
+        rows.append([mode, f"{len(fs)}/{rep['scheduled']}", "green" if green else "**VIOLATED**",
+                     *[fmt([f[c] for f in fs if f[c] is not None]) for c in FIGS],
+                     fmt([j["recovery_s"] for j in rep["joins"]]),
+                     f"{sum(bool(j.get('spare')) for j in rep['joins'])}/{len(rep['joins'])}"])  # fmt: skip
+    print("\nRollout worker SIGKILLed (2 workers), seconds after injection, median (min-max) over faults\n")
+    print(table(["replacement", "faults injected", "invariants", "detection", "next commit", "group size restored",
+                 "fault -> joined (driver)", "warm spare used"], rows))  # fmt: skip
+    path = save("recovery-rollout", {"kills": kills, "runs": runs})
+    print(f"\nresults: {path}")
+    return 0 if all(all(i["ok"] for i in r["invariants"]) for r in runs.values()) else 1
+
+
+def _chaos_run(d: Path, scenario: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """``rrl chaos run`` of ``scenario`` in a child process, its run folder under ``d``: (report, exit code)."""
     import yaml
 
+    d.mkdir(parents=True, exist_ok=True)
+    sc = d / "scenario.yaml"
+    sc.write_text(yaml.safe_dump(scenario))
+    before = set(d.iterdir())
+    argv = [str(Path(sys.executable).parent / "rrl"), "chaos", "run", str(sc), "--out", str(d)]
+    print(f"$ {' '.join(argv)}", flush=True)
+    rc = subprocess.run(argv, cwd=ROOT).returncode
+    new = [x / "report.json" for x in sorted(set(d.iterdir()) - before) if (x / "report.json").exists()]
+    if not new:
+        raise RuntimeError(f"the chaos run (exit {rc}) wrote no report.json under {d}")
+    return json.loads(new[-1].read_text()), rc
+
+
+def trainer_paths(kills: int, out: Path, world: int = 2) -> int:
+    """Trainer-rank kills at ``world``, the hot path and the cold path in one run, side by side."""
     print(machine_line(), flush=True)
     rows, runs = [], {}
     for hot in (True, False):
         mode = "hot" if hot else "cold"
-        d = out / f"trainer-w{world}-{mode}"
-        d.mkdir(parents=True, exist_ok=True)
-        sc = d / "scenario.yaml"
-        sc.write_text(yaml.safe_dump(trainer_scenario(hot, kills, f"bench-trainer-w{world}-{mode}", world)))
-        before = set(d.iterdir())
-        argv = [str(Path(sys.executable).parent / "rrl"), "chaos", "run", str(sc), "--out", str(d)]
-        print(f"$ {' '.join(argv)}", flush=True)
-        rc = subprocess.run(argv, cwd=ROOT).returncode
-        new = [x / "report.json" for x in sorted(set(d.iterdir()) - before) if (x / "report.json").exists()]
-        if not new:
-            raise RuntimeError(f"the chaos run (exit {rc}) wrote no report.json under {d}")
-        full = json.loads(new[-1].read_text())
+        full, rc = _chaos_run(out / f"trainer-w{world}-{mode}",
+                              trainer_scenario(hot, kills, f"bench-trainer-w{world}-{mode}", world))  # fmt: skip
         rep = condense({**full, "exit_code": rc})
         recs = [e for e in full.get("events", []) if e.get("kind") == "trainer_recovered"]
         rep["recoveries"] = [{k: e.get(k) for k in ("recovery", "seconds", "spares_used", "replayed")} for e in recs]
@@ -157,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         help="Instead of the soaks: N trainer-rank kills (DDP, --world ranks), once with hot "
         "recovery and once with the cold path, MTTR side by side.",
     )
+    ap.add_argument("--rollout-kills", type=int, default=0, metavar="N",
+                    help="Instead of the soaks: N rollout-worker kills, once with a warm spare "
+                    "(rollout.spares 1) and once without, MTTR side by side.")  # fmt: skip
     ap.add_argument("--world", type=int, choices=(1, 2), default=2,
                     help="Trainer ranks of the --trainer-kills job (1: the spare takes over from the shadow copy).")  # fmt: skip
     ap.add_argument("--mtbf", default="30,60", help="Mean seconds between faults, comma-separated.")
@@ -168,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.trainer_kills:
         return trainer_paths(args.trainer_kills, args.out_dir, args.world)
+    if args.rollout_kills:
+        return rollout_paths(args.rollout_kills, args.out_dir)
     duration = parse_seconds(args.duration)
     steps = args.steps or int(duration * 5)
     mtbfs = [float(x) for x in args.mtbf.split(",") if x.strip()]

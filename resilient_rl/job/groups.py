@@ -488,7 +488,7 @@ class TrainerGroup:
         self.ctx.check_leader()
         t0 = time.monotonic()
         self.ctx.event(Kind.TRAINER_RESTART, f"{why}: restarting {world} trainer ranks at step {k}",
-                       world=world, group="trainer", cause=cause, resize=resize,
+                       world=world, group="trainer", cause=cause, resize=resize, step=k,
                        **({} if resize else {"recovery": "cold"}))  # fmt: skip
         self.faults.restart("trainer", backoff=False)
         weights = self.start_retrying(k, world)
@@ -550,7 +550,7 @@ class TrainerGroup:
         t0 = time.monotonic()
         self.faults.restart("trainer", backoff=False)
         c.event(Kind.TRAINER_RESTART, f"{why}: hot recovery of rank(s) {lost} at step {k}; the survivors "
-                f"{survivors} keep their state", world=self.world, group="trainer", cause="lost", resize=False,
+                f"{survivors} keep their state", world=self.world, group="trainer", cause="lost", resize=False, step=k,
                 recovery="hot", lost=lost, survivors=survivors, survivor_pids=[x["pid"] for x in status])  # fmt: skip
         env = c.runtime_env()
         env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
@@ -616,7 +616,7 @@ class TrainerGroup:
         t0 = time.monotonic()
         self.faults.restart("trainer", backoff=False)
         c.event(Kind.TRAINER_RESTART, f"{why}: hot recovery of rank 0 at step {k} by a warm spare", world=1,
-                group="trainer", cause="lost", resize=False, recovery="hot", lost=[0], survivors=[])  # fmt: skip
+                group="trainer", cause="lost", resize=False, recovery="hot", lost=[0], survivors=[], step=k)  # fmt: skip
         self.actors.kill(self.ranks[0])
         restore, s = choose_restore(c, k)
         shadow = self._usable_shadow(store, k, s, 1, self.strategy)

@@ -201,9 +201,11 @@ def test_crash_looping_rollout_worker_fails_job_with_clear_reason(platform: Live
 
 
 def _wait_spare(platform: LivePlatform, job: str) -> None:
-    """Until the job's warm trainer spare is ready (membership status ``spare``)."""
+    """Until a warm trainer spare of the job is ready (membership status ``spare``)."""
     deadline = time.monotonic() + 120
-    while jobs.get(platform.store, job).members.get("trainer-spare", {}).get("0", {}).get("status") != "spare":
+    while all(
+        m.get("status") != "spare" for m in jobs.get(platform.store, job).members.get("trainer-spare", {}).values()
+    ):
         assert jobs.get(platform.store, job).phase == "RUNNING", "the job ended before its spare was ready"
         assert time.monotonic() < deadline, ("the warm spare never got ready", jobs.get(platform.store, job).members)
         time.sleep(0.2)
@@ -249,21 +251,80 @@ def test_a_killed_ddp_rank_is_replaced_hot_and_the_run_stays_exact(platform: Liv
 
 
 @pytest.mark.timeout(600)
+def test_a_ddp_rank_killed_during_a_snapshot_then_between_steps_is_replaced_hot_both_times(
+    platform: LivePlatform, tmp_path: Path
+) -> None:
+    """World 2, DDP, the two other moments of a rank loss: (c) rank 1 is SIGKILLed while the
+    next snapshot (every 10 steps) is being written (frozen first, so that the write is caught
+    half-done), then (b) the new rank 1 is SIGKILLed between a commit and the next train step
+    (the rollout worker is frozen meanwhile, so no batch is ready and nothing trains). Both
+    are hot: rank 0 keeps its process throughout; the half-written snapshot never becomes
+    visible; exact."""
+    work = tmp_path / "hot2"
+    steps = 100  # the spare warms up beside the first steps (up to ~50 under load), then two faults
+    job = platform.submit(_spec("e2e-hot2", work, steps=steps, trainer={"replicas": 2, "shadow_every": 0, "spares": 1},
+                                checkpoint={"dir": str(work), "every": 10}))  # fmt: skip
+    _wait_step(platform, job, 3)
+    before = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
+    _wait_spare(platform, job)
+    snap = (jobs.get(platform.store, job).state["step"] // 10 + 1) * 10  # the next snapshot's step
+    assert snap <= steps - 20, "the spare took too long to warm up"
+    target = work / "snapshots" / f"step-{snap:010d}"
+    deadline = time.monotonic() + 120
+    while not target.exists():  # the ranks create the folder as the write starts
+        assert time.monotonic() < deadline, f"the snapshot at step {snap} never started"
+        time.sleep(0.002)
+    os.kill(before["trainer/1"], signal.SIGSTOP)  # the write frozen where it is, then the rank killed
+    assert not (target / "MANIFEST.json").exists(), "the write finished before the kill (test raced)"
+    os.kill(before["trainer/1"], signal.SIGKILL)
+    _wait_event(platform, job, "trainer_recovered", timeout=120)
+    mid = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
+    assert mid["trainer/1"] != before["trainer/1"] and mid["trainer/0"] == before["trainer/0"]
+    os.kill(mid["rollout/0"], signal.SIGSTOP)  # no batch: the trainer idles after the next commit
+    try:
+        k, still = jobs.get(platform.store, job).state["step"], time.monotonic()
+        while time.monotonic() - still < 1.5:  # the committed step held still for 1.5 s: nothing trains
+            now = jobs.get(platform.store, job).state["step"]
+            k, still = (k, still) if now == k else (now, time.monotonic())
+            time.sleep(0.05)
+        os.kill(mid["trainer/1"], signal.SIGKILL)
+        time.sleep(0.5)
+    finally:
+        os.kill(mid["rollout/0"], signal.SIGCONT)
+    state = _assert_exactly_once_and_replay(platform, job, work, steps)
+    evs = events.read(platform.store, job, limit=2000)
+    restarts, recovered = _recoveries(evs)
+    assert [e["recovery"] for e in restarts] == ["hot", "hot"], [(e["recovery"], e["message"]) for e in restarts]
+    assert [e["survivor_pids"] for e in restarts] == [[before["trainer/0"]], [before["trainer/0"]]], restarts
+    assert restarts[1]["step"] == k, (restarts[1], k)  # the step after the idle commit
+    assert [e["recovery"] for e in recovered] == ["hot", "hot"] and state["trainer_epoch"] == 2
+    assert any(e["kind"] == "snapshot_failed" and e.get("step") == snap for e in evs), "the killed write was not failed"
+    rec = jobs.get(platform.store, job)
+    assert snap not in [c["step"] for c in rec.checkpoints]  # the half-written snapshot never became visible
+    assert "replay" not in [e["kind"] for e in evs]  # nothing restored, nothing replayed
+
+
+@pytest.mark.timeout(600)
 def test_at_world_one_a_killed_rank_is_replaced_by_the_spare_from_the_shadow_copy(
     platform: LivePlatform, tmp_path: Path
 ) -> None:
     """World 1: SIGKILL the only rank. No survivor holds the state; the warm spare becomes rank 0,
-    loads the shadow copy (every 2 steps) and replays at most 2 steps; exact (`rrl verify`)."""
+    loads the shadow copy (every 2 steps) and replays at most 2 steps; exact (`rrl verify`).
+    With max_staleness 1 the rollouts keep going meanwhile: the journal has shards of the next
+    step written while the trainer recovered (4 shards a step, one worker: one after the other)."""
+    from checkpoints.journal import Journal
+
     work = tmp_path / "alone"
     steps = 70  # long enough for the spare to warm up beside the first steps, under load too
     every = 2
     job = platform.submit(_spec("e2e-alone", work, steps=steps, trainer={"replicas": 1, "shadow_every": every,
-                                "spares": 1}, checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
+                                "spares": 1}, rollout={"shards_per_step": 4}, checkpoint={"dir": str(work), "every": 50},
+                                **{"async": {"max_staleness": 1}}))  # fmt: skip
     _wait_step(platform, job, 3)
     before = _wait_workers(platform, job, {"rollout": 1, "trainer": 1})
     _wait_spare(platform, job)
     os.kill(before["trainer/0"], signal.SIGKILL)
-    _assert_exactly_once_and_replay(platform, job, work, steps)
+    _assert_exactly_once_and_replay(platform, job, work, steps, staleness=1)
     evs = events.read(platform.store, job, limit=1000)
     restarts, recovered = _recoveries(evs)
     assert [e["recovery"] for e in restarts] == ["hot"], [(e["recovery"], e["message"]) for e in restarts]
@@ -271,6 +332,11 @@ def test_at_world_one_a_killed_rank_is_replaced_by_the_spare_from_the_shadow_cop
     assert back["recovery"] == "hot" and back["spares_used"] == 1 and back["source"] == "shadow", back
     assert back["replayed"] <= every, back
     assert "shadow_restored" in [e["kind"] for e in evs]
+    jr = Journal(work / "journal")
+    written = [(os.path.getmtime(r.path), s) for s in range(steps) for r in jr.batch(s) or []]
+    during = sorted(s for t, s in written if restarts[0]["time"] <= t <= back["time"])
+    print(f"recovery of step {restarts[0]['step']} took {back['seconds']}s; shards written meanwhile: {during}")
+    assert during and all(s > restarts[0]["step"] for s in during), (during, restarts[0], back)
 
 
 @pytest.mark.timeout(600)

@@ -291,13 +291,8 @@ def test_rescale_both_groups_mid_job(platform: LivePlatform, tmp_path: Path) -> 
     r = run_rrl("verify", job, "--etcd", platform.data["etcd"], timeout=600)
     assert r.returncode == 0 and "match" in r.stdout and "mismatch" not in r.stdout, r.stdout + r.stderr
     assert "3 segment(s)" in r.stdout and "at world 1" in r.stdout, r.stdout
-    # what verify did before the lineage: every step at the spec's world size; not what ran
-    from resilient_rl.spec import JobSpec
-    from resilient_rl.verify import replay_digest
-
-    naive = replay_digest(JobSpec.model_validate(rec.spec), steps, platform.data["ray"], platform.data["etcd"],
-                          segments=[])  # fmt: skip
-    assert naive != rec.state["weights_digest"]
+    # (that a replay at the spec's world size alone would not match is the plan's unit test's
+    # business, tests/unit/test_verify_plan.py: a second 120-step replay here cost the suite ~40 s)
 
 
 def test_trainer_killed_while_snapshot_is_written(platform: LivePlatform, tmp_path: Path) -> None:
