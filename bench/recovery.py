@@ -6,8 +6,8 @@
 
 Each run is the chaos harness's soak (``rrl chaos soak``, scenarios/soak.yaml: the tiny
 HF-engine copy job, 2 rollout workers, 1 trainer rank, 2 controllers, snapshot every 10
-steps) with random faults of six kinds (rollout kill / hang / slow, trainer kill, snapshot
-corruption + trainer kill, leader kill) at exponential gaps of mean ``--mtbf``, for
+steps) with random faults of seven kinds (rollout kill / hang / slow, trainer kill / hang,
+snapshot corruption + trainer kill, leader kill) at exponential gaps of mean ``--mtbf``, for
 ``--duration``. The harness checks all seven invariants afterwards (including a replay of
 every step); a run whose invariants fail is reported as such, never dropped.
 
@@ -86,21 +86,27 @@ def condense(rep: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def trainer_scenario(hot: bool, kills: int, name: str, world: int = 2) -> dict[str, Any]:
+# the >= 100M-parameter model of the sharded-trainer benchmarks (104.7M parameters, Qwen2 shape)
+BIG = {"hidden_size": 768, "num_layers": 14, "num_heads": 12, "num_kv_heads": 4, "intermediate_size": 2560}
+
+
+def trainer_scenario(hot: bool, kills: int, name: str, world: int = 2, big: bool = False) -> dict[str, Any]:
     """A chaos scenario of ``kills`` trainer-rank SIGKILLs on a DDP job of ``world`` ranks, with
     ``trainer.hot_recovery`` on or off (at world 1 the hot path is the warm spare from the
     shadow copy). Kills are 24 steps apart at world 2; at world 1, 60 (about 20 s: a spare used
-    by one kill is warm again, ~7 s here, before the next; faster faults meet no spare)."""
-    gap = 24 if world > 1 else 60
+    by one kill is warm again, ~7 s here, before the next; faster faults meet no spare). With
+    ``big`` the model is the 104.7M-parameter one (steps of seconds: kills 10 steps apart)."""
+    gap = 10 if big else 24 if world > 1 else 60
     return {
         "name": name,
         "cluster": {"etcd_members": 1, "ray_nodes": 1, "controllers": 1, "leader_ttl": 5},
         "job": {
-            "name": name, "model": {"init": {}}, "task": {"kind": "copy", "num_prompts": 64},
-            "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 6, "n": 4}},
-            "trainer": {"replicas": world, "lr": 0.002, "hot_recovery": hot},
-            "prompts_per_step": 4, "steps": gap * kills + 12, "seed": 7,
-            "checkpoint": {"every": 10, "keep": 2}, "fault": {"hang_timeout": 5.0, "lease_ttl": 3},
+            "name": name, "model": {"init": BIG if big else {}}, "task": {"kind": "copy", "num_prompts": 64},
+            "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 6, "n": 4}, "spares": 0},
+            "trainer": {"replicas": world, "lr": 1e-4 if big else 0.002, "hot_recovery": hot},
+            "prompts_per_step": 2 if big else 4, "steps": gap * kills + (6 if big else 12), "seed": 7,
+            "checkpoint": {"every": 10, "keep": 2},
+            "fault": {"hang_timeout": 60.0 if big else 5.0, "lease_ttl": 3},
         },
         "faults": [{"kind": "trainer_kill", "at": {"step": gap + gap * i}, "target": (1 - i % 2) % world}
                    for i in range(kills)],
@@ -112,8 +118,9 @@ def trainer_scenario(hot: bool, kills: int, name: str, world: int = 2) -> dict[s
 def rollout_scenario(spare: bool, kills: int, name: str) -> dict[str, Any]:
     """A chaos scenario of ``kills`` rollout-worker SIGKILLs (2 workers, alternating) with a warm
     spare (``rollout.spares: 1``) or without (``0``: a new process after the backoff). Kills are
-    30 steps apart (about 15 s: the spare used by one kill is warm again before the next)."""
-    gap = 30
+    80 steps apart (about 20 s: the spare used by one kill is warm again, ~7 s here, before the
+    next; at 30 steps, 8 s, the second kill met no spare)."""
+    gap = 80
     return {
         "name": name,
         "cluster": {"etcd_members": 1, "ray_nodes": 1, "controllers": 1, "leader_ttl": 5},
@@ -173,17 +180,34 @@ def _chaos_run(d: Path, scenario: dict[str, Any]) -> tuple[dict[str, Any], int]:
     return json.loads(new[-1].read_text()), rc
 
 
-def trainer_paths(kills: int, out: Path, world: int = 2) -> int:
-    """Trainer-rank kills at ``world``, the hot path and the cold path in one run, side by side."""
+def memcpy_gbps() -> float:
+    """This machine's memcpy bandwidth (GB/s): the best of 5 clones of a 256 MB tensor."""
+    import torch
+
+    x = torch.ones(64 * 1024 * 1024)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x.clone()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
+def trainer_paths(kills: int, out: Path, world: int = 2, big: bool = False) -> int:
+    """Trainer-rank kills at ``world``, the hot path and the cold path in one run, side by side.
+    With ``big`` (the 104.7M model) the hot figure is set beside the issue's bound: detection +
+    one step + 2 x (trainer state bytes / memcpy bandwidth)."""
     print(machine_line(), flush=True)
     rows, runs = [], {}
+    tag = f"w{world}" + ("-100m" if big else "")
     for hot in (True, False):
         mode = "hot" if hot else "cold"
-        full, rc = _chaos_run(out / f"trainer-w{world}-{mode}",
-                              trainer_scenario(hot, kills, f"bench-trainer-w{world}-{mode}", world))  # fmt: skip
+        full, rc = _chaos_run(out / f"trainer-{tag}-{mode}",
+                              trainer_scenario(hot, kills, f"bench-trainer-{tag}-{mode}", world, big))  # fmt: skip
         rep = condense({**full, "exit_code": rc})
         recs = [e for e in full.get("events", []) if e.get("kind") == "trainer_recovered"]
         rep["recoveries"] = [{k: e.get(k) for k in ("recovery", "seconds", "spares_used", "replayed")} for e in recs]
+        rep["step_seconds"] = [x["step_seconds"] for x in full.get("steps", []) if x.get("step_seconds")]
         runs[mode] = rep
         fs = [f for f in rep["faults"] if f["status"] == "injected"]
         green = all(i["ok"] for i in rep["invariants"])
@@ -192,10 +216,24 @@ def trainer_paths(kills: int, out: Path, world: int = 2) -> int:
                      *[fmt([f[c] for f in fs if f[c] is not None]) for c in FIGS],
                      fmt([r["seconds"] for r in rep["recoveries"] if r.get("seconds") is not None]),
                      f"{spared}/{len(rep['recoveries'])}"])  # fmt: skip
-    print(f"\nTrainer rank SIGKILLed, world {world} DDP, seconds after injection, median (min-max) over faults\n")
+    print(f"\nTrainer rank SIGKILLed, world {world} DDP{' (104.7M parameters)' if big else ''}, seconds after "
+          "injection, median (min-max) over faults\n")  # fmt: skip
     print(table(["recovery", "faults injected", "invariants", "detection", "next commit", "group size restored",
                  "recovery itself", "warm spare used"], rows))  # fmt: skip
-    path = save(f"recovery-trainer-w{world}", {"kills": kills, "world": world, "runs": runs})
+    extra: dict[str, Any] = {}
+    if big:
+        gbps = memcpy_gbps()
+        state_gb = 104.7e6 * 4 * 3 / 1e9  # fp32 parameters + AdamW's two moments
+        steps = sorted(float(x) for x in runs["hot"]["step_seconds"])
+        step_s = steps[len(steps) // 2] if steps else float("nan")
+        hot = [f for f in runs["hot"]["faults"] if f["status"] == "injected"]
+        det = [f["detection_s"] for f in hot if f["detection_s"] is not None]
+        bound = (sorted(det)[len(det) // 2] if det else 0.0) + step_s + 2 * state_gb / gbps
+        extra = {"memcpy_gbps": round(gbps, 2), "state_gb": round(state_gb, 3), "median_step_s": round(step_s, 2),
+                 "bound_s": round(bound, 2)}  # fmt: skip
+        print(f"\nbound: detection + one step ({step_s:.2f} s, median) + 2 x {state_gb:.2f} GB / {gbps:.1f} GB/s "
+              f"memcpy = {bound:.2f} s")  # fmt: skip
+    path = save(f"recovery-trainer-{tag}", {"kills": kills, "world": world, "runs": runs, **extra})
     print(f"\nresults: {path}")
     return 0 if all(all(i["ok"] for i in r["invariants"]) for r in runs.values()) else 1
 
@@ -213,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rollout-kills", type=int, default=0, metavar="N",
                     help="Instead of the soaks: N rollout-worker kills, once with a warm spare "
                     "(rollout.spares 1) and once without, MTTR side by side.")  # fmt: skip
+    ap.add_argument("--model", choices=("tiny", "100m"), default="tiny",
+                    help="The --trainer-kills job's model: the tiny one, or 104.7M parameters (Qwen2 shape).")  # fmt: skip
     ap.add_argument("--world", type=int, choices=(1, 2), default=2,
                     help="Trainer ranks of the --trainer-kills job (1: the spare takes over from the shadow copy).")  # fmt: skip
     ap.add_argument("--mtbf", default="30,60", help="Mean seconds between faults, comma-separated.")
@@ -223,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/rrl-bench-recovery"), help="Chaos run folders.")
     args = ap.parse_args(argv)
     if args.trainer_kills:
-        return trainer_paths(args.trainer_kills, args.out_dir, args.world)
+        return trainer_paths(args.trainer_kills, args.out_dir, args.world, args.model == "100m")
     if args.rollout_kills:
         return rollout_paths(args.rollout_kills, args.out_dir)
     duration = parse_seconds(args.duration)

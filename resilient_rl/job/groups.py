@@ -219,6 +219,8 @@ class RolloutGroup:
             if j == i:
                 del self.joining[ref]
         self._from_spare.pop(i, None)
+        if (taken := self.promoting.pop(i, None)) is not None:  # not promoted yet: it goes back to the pool
+            self.spares.ready.append(taken)
         old = self.workers.pop(i, None)
         if old is not None:
             self.actors.kill(old)

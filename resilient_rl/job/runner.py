@@ -314,6 +314,11 @@ class JobRunner:
             self.faults.detected(classify("trainer", error=lost, hung=hung is not None))
             why = f"trainer rank lost ({type(lost).__name__})" if lost is not None else hung
             cause = "lost" if lost else "hang"
+            if lost is None and self.trainers.world == 1 and self.spec.trainer.hot_recovery:
+                # the only rank is the hung one: killed, its call fails, and the lost rank's (hot) path serves
+                A.kill(self.trainers.ranks[0])
+                A.wait(train.refs, num_returns=len(train.refs), timeout=10.0)
+                lost = _actor_error(A, train.refs)
             if lost is not None:
                 hot = self._recover_hot(train, str(why))
                 if hot is None:  # the same ranks but the lost ones: step k is trained again

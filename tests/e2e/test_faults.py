@@ -227,27 +227,36 @@ def _recoveries(evs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[d
 
 
 @pytest.mark.timeout(600)
-def test_a_killed_ddp_rank_is_replaced_hot_and_the_run_stays_exact(platform: LivePlatform, tmp_path: Path) -> None:
+def test_a_killed_ddp_rank_is_replaced_hot_then_both_ranks_lost_go_cold_and_the_run_stays_exact(
+    platform: LivePlatform, tmp_path: Path
+) -> None:
     """World 2, DDP: SIGKILL rank 1 mid-run. The survivor (rank 0, same process) re-forms the
-    group with a new rank 1 and sends it its state; no restore, no replay; every step
-    committed once and the final weights equal a fault-free replay's (`rrl verify`)."""
+    group with a new rank 1 and sends it its state; no restore, no replay. Then both ranks
+    are SIGKILLed at once: no survivor holds the state, so the cold path restores the group.
+    Every step committed once and the final weights equal a fault-free replay's (`rrl verify`)."""
     work = tmp_path / "hot"
     steps = 70  # long enough for the spare to warm up beside the first steps, under load too
     job = platform.submit(_spec("e2e-hot", work, steps=steps, trainer={"replicas": 2, "shadow_every": 0, "spares": 1},
-                                checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
+                                checkpoint={"dir": str(work), "every": 10}))  # fmt: skip
     _wait_step(platform, job, 3)
     before = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
     _wait_spare(platform, job)
     os.kill(before["trainer/1"], signal.SIGKILL)
+    _wait_event(platform, job, "trainer_recovered", timeout=120)
+    mid = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
+    assert mid["trainer/0"] == before["trainer/0"] and mid["trainer/1"] != before["trainer/1"]
+    assert jobs.get(platform.store, job).state["step"] < steps - 5, "the job ended before the second fault"
+    for w in ("trainer/0", "trainer/1"):
+        os.kill(mid[w], signal.SIGKILL)
     state = _assert_exactly_once_and_replay(platform, job, work, steps)
     evs = events.read(platform.store, job, limit=1000)
     restarts, recovered = _recoveries(evs)
-    assert [e["recovery"] for e in restarts] == ["hot"], restarts
+    assert [e["recovery"] for e in restarts] == ["hot", "cold"], [(e["recovery"], e["message"]) for e in restarts]
     assert restarts[0]["lost"] == [1] and restarts[0]["survivor_pids"] == [before["trainer/0"]]
-    (back,) = recovered
-    assert back["recovery"] == "hot" and state["trainer_epoch"] == 1
-    assert back["spares_used"] == 1, back  # the warm spare took rank 1: no process started on the critical path
-    assert "replay" not in [e["kind"] for e in evs]  # nothing restored, nothing replayed
+    assert [e["recovery"] for e in recovered] == ["hot", "cold"] and state["trainer_epoch"] == 1
+    assert recovered[0]["spares_used"] == 1, recovered  # the warm spare took rank 1: no process started
+    replays = [e for e in evs if e["kind"] == "replay"]  # only the cold path restores and replays
+    assert all(e["seq"] > restarts[1]["seq"] for e in replays), replays
 
 
 @pytest.mark.timeout(600)

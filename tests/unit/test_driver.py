@@ -185,6 +185,19 @@ def test_a_hung_trainer_rank_restarts_the_group(tmp_path: Path) -> None:
     assert _digest_of_final_weights(job) == "0,1,2"
 
 
+def test_at_world_one_a_hung_rank_is_killed_and_a_warm_spare_takes_over(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(hang_rank_at={(3, 0)}, train_delay_s=0.02), steps=5, trainer={"replicas": 1},
+              fault={"hang_timeout": 0.3})  # fmt: skip
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (hang,) = job.events("trainer_hang")
+    assert hang["channel"] == "deadline"
+    (restart,) = job.events("trainer_restart")
+    assert restart["recovery"] == "hot" and restart["lost"] == [0] and "hung" in restart["message"], restart
+    assert job.events("trainer_recovered")[0]["spares_used"] == 1
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
 def test_a_crash_loop_spends_the_restart_budget_and_fails_the_job_with_the_reason(tmp_path: Path) -> None:
     job = Job(tmp_path, Script(kill_rank_at={(1, 0)}, fail_start=0), steps=4,
               fault={"max_restarts": 1, "restart_window": 600})  # fmt: skip
