@@ -138,10 +138,7 @@ class RolloutGroup:
                 self.add(i, version, weights)
         if self.served_by != recorded:
             self.ctx.update_state(expect=live, rollout_actors={str(j): m for j, m in self.served_by.items()} or None)
-        serving = set(self.served_by.values())
-        for name in A.names(self.ctx.actor_prefix("rollout-spare")):
-            if name not in serving and (a := A.find(name)) is not None:
-                A.kill(a)  # a previous leader's idle spare (unfenced): fill_spares starts fresh ones
+        self.spares.adopt_running(set(self.served_by.values()))  # a previous leader's idle spares serve on
         if was_running:
             for i in missing:
                 self.faults.worker_down[i] = time.monotonic()
@@ -419,10 +416,7 @@ class TrainerGroup:
             return None
         s = steps.pop()
         self.ranks, self.strategy = found, strategies.pop()
-        serving = set(self.rank_names(world))
-        for name in A.names(self.ctx.actor_prefix("trainer-spare")):
-            if name not in serving and (a := A.find(name)) is not None:
-                A.kill(a)  # a previous leader's idle spare: unfenced; fill_spares starts fresh ones
+        self.spares.adopt_running(set(self.rank_names(world)))  # a previous leader's idle spares serve on
         weights = None
         if s > 0:
             ws = A.find(self.ctx.actor_name("weights", 0))

@@ -50,6 +50,20 @@ class SparePool:
         """Drop every spare from the pool (their actors were killed by name)."""
         self.ready, self.warming = [], {}
 
+    def adopt_running(self, serving: set[str]) -> int:
+        """A new leader takes in the spares a previous one left running (names not in ``serving``,
+        the promoted ones): each is asked ``warm()`` again, which answers at once for a warm one
+        (and refuses for one that was promoted meanwhile: dropped). Their fence is raised when
+        one is taken. Returns how many."""
+        A = self.ctx.actors
+        held = self.names()
+        found = 0
+        for name in A.names(self.ctx.actor_prefix(self.group)):
+            if name not in serving and name not in held and (a := A.find(name)) is not None:
+                self.warming[A.call(a, "warm")] = (name, a)
+                found += 1
+        return found
+
     def fill(self, want: int) -> None:
         """Take in the spares that finished warming (a failed one is dropped) and start new ones
         up to ``want``, in the background."""

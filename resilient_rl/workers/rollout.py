@@ -76,7 +76,10 @@ class RolloutWorker:
                             **fields)  # fmt: skip
 
     def warm(self) -> dict[str, Any]:
-        """A spare is warm once its engine is up (the constructor): this answers after it."""
+        """A spare is warm once its engine is up (the constructor): this answers after it (and at
+        once when a new leader asks again). A worker that is no spare (promoted) refuses."""
+        if self.spare is None:
+            raise RuntimeError(f"rollout worker {self.index} is not a spare")
         return {"spare": self.spare, "pid": os.getpid(), "engine_start_s": self.engine_start_s}
 
     def promote(self, index: int, token: int, spec_digest: str, version: int, weights: Any) -> int:

@@ -130,9 +130,13 @@ class TrainerRank:
 
     def warm(self) -> dict[str, Any]:
         """A spare: build the model and optimizer now, alone (world 1, no process group), so that
-        a promotion only joins a group and receives the state."""
+        a promotion only joins a group and receives the state. Asked again (a new leader takes
+        over the spares a previous one left) a warm spare answers at once; a rank refuses."""
+        if self.spare is None:
+            raise RuntimeError(f"rank {self.rank} is not a spare")
         t0 = time.monotonic()
-        self.core = TrainCore(self.spec, self.model_dir, 0, 1, "ddp", self._device())
+        if self.core is None:
+            self.core = TrainCore(self.spec, self.model_dir, 0, 1, "ddp", self._device())
         self.member.update(status="spare")
         return {"spare": self.spare, "pid": os.getpid(), "seconds": round(time.monotonic() - t0, 3)}
 

@@ -125,6 +125,8 @@ class FakeRollout:
         self.serial = next(_serial)
 
     def warm(self) -> dict[str, Any]:
+        if self.spare is None:
+            raise RuntimeError(f"rollout worker {self.index} is not a spare")
         s = self._script
         with s.lock:
             dies = s.rollout_spare_dies > 0
@@ -222,6 +224,8 @@ class FakeTrainer:
         return {"rank": self.rank, "step": self.step, "pid": self.serial, "seconds": 0.0}
 
     def warm(self) -> dict[str, Any]:
+        if self.spare is None:
+            raise RuntimeError(f"rank {self.rank} is not a spare")
         s = self._script
         with s.lock:
             dies = s.spare_dies > 0

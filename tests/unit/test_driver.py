@@ -725,20 +725,21 @@ def test_a_rollout_spare_that_dies_while_warming_is_replaced_in_the_background(t
 
 
 def test_a_new_leader_finds_a_promoted_rollout_spare_under_its_recorded_name(tmp_path: Path) -> None:
-    job = Job(tmp_path, Script(kill_rollout_at={(1, 1)}, train_delay_s=0.05), steps=6)
+    job = Job(tmp_path, Script(kill_rollout_at={(1, 1)}, train_delay_s=0.05), steps=12)
     first = job.lead()
     job.wait(lambda: job.c.state.get("step", 0) >= 3 and len(job.created("rollout-spare")) >= 2)
     job.c.leads = False
     first.stop(final=False)
     rollouts_before = job.created("rollout")
     job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 6)  # well past the take-over (the job's end kills them all)
+    assert not [n for n, _ in job.layer.killed if "rollout-spare" in n]
     assert job.finish() == "SUCCEEDED"
     assert job.created("rollout") == rollouts_before  # the promoted spare was adopted, not replaced
     assert job.events("adopted")[0]["rollouts"] == 2
-    killed = [n for n, _ in job.layer.killed]
-    assert "rrl:drv:rollout-spare:1" in killed  # the old leader's idle spare (unfenced) is not trusted
-    assert "rrl:drv:rollout-spare:0" not in killed[: killed.index("rrl:drv:rollout-spare:1")]
-    assert max(job.steps_trained().values()) == 1 and _digest_of_final_weights(job) == "0,1,2,3,4,5"
+    # the old leader's idle spare serves the new one (its fence is raised when it is promoted)
+    assert job.created("rollout-spare") == ["rrl:drv:rollout-spare:0", "rrl:drv:rollout-spare:1"]
+    assert max(job.steps_trained().values()) == 1 and _digest_of_final_weights(job) == ",".join(map(str, range(12)))
 
 
 def test_rollouts_keep_going_while_the_trainer_group_restarts(tmp_path: Path) -> None:
@@ -756,3 +757,23 @@ def test_rollouts_keep_going_while_the_trainer_group_restarts(tmp_path: Path) ->
     during = [(step, shard) for step, shard, _, _, t in job.script.shards_by if start < t < end]
     assert len(during) >= 2 and all(step == 3 for step, _ in during), during
     assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_a_new_leader_takes_over_the_idle_trainer_spare_and_a_fault_right_after_is_hot(tmp_path: Path) -> None:
+    """A fault soon after a take-over found no spare when a new leader killed the previous
+    leader's idle spares (seen in the soak: a cold restart 3 s after a take-over); it adopts them."""
+    script = Script(collective=True, train_delay_s=0.05)
+    job = Job(tmp_path, script, steps=8)
+    first = job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 2 and job.layer.find("rrl:drv:trainer-spare:0") is not None)
+    job.c.leads = False
+    first.stop(final=False)
+    spare = job.layer.find("rrl:drv:trainer-spare:0")
+    assert spare is not None
+    script.kill_rank_at.add((5, 1))
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (restart,) = job.events("trainer_restart")
+    assert restart["recovery"] == "hot" and job.events("trainer_recovered")[0]["spares_used"] == 1
+    assert script.promoted == [spare.obj.serial]  # the previous leader's spare, adopted, then promoted
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5,6,7"
