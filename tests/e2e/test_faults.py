@@ -319,22 +319,17 @@ def test_at_world_one_a_killed_rank_is_replaced_by_the_spare_from_the_shadow_cop
     platform: LivePlatform, tmp_path: Path
 ) -> None:
     """World 1: SIGKILL the only rank. No survivor holds the state; the warm spare becomes rank 0,
-    loads the shadow copy (every 2 steps) and replays at most 2 steps; exact (`rrl verify`).
-    With max_staleness 1 the rollouts keep going meanwhile: the journal has shards of the next
-    step written while the trainer recovered (4 shards a step, one worker: one after the other)."""
-    from checkpoints.journal import Journal
-
+    loads the shadow copy (every 2 steps) and replays at most 2 steps; exact (`rrl verify`)."""
     work = tmp_path / "alone"
     steps = 70  # long enough for the spare to warm up beside the first steps, under load too
     every = 2
     job = platform.submit(_spec("e2e-alone", work, steps=steps, trainer={"replicas": 1, "shadow_every": every,
-                                "spares": 1}, rollout={"shards_per_step": 4}, checkpoint={"dir": str(work), "every": 50},
-                                **{"async": {"max_staleness": 1}}))  # fmt: skip
+                                "spares": 1}, checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
     _wait_step(platform, job, 3)
     before = _wait_workers(platform, job, {"rollout": 1, "trainer": 1})
     _wait_spare(platform, job)
     os.kill(before["trainer/0"], signal.SIGKILL)
-    _assert_exactly_once_and_replay(platform, job, work, steps, staleness=1)
+    _assert_exactly_once_and_replay(platform, job, work, steps)
     evs = events.read(platform.store, job, limit=1000)
     restarts, recovered = _recoveries(evs)
     assert [e["recovery"] for e in restarts] == ["hot"], [(e["recovery"], e["message"]) for e in restarts]
@@ -342,11 +337,6 @@ def test_at_world_one_a_killed_rank_is_replaced_by_the_spare_from_the_shadow_cop
     assert back["recovery"] == "hot" and back["spares_used"] == 1 and back["source"] == "shadow", back
     assert back["replayed"] <= every, back
     assert "shadow_restored" in [e["kind"] for e in evs]
-    jr = Journal(work / "journal")
-    written = [(os.path.getmtime(r.path), s) for s in range(steps) for r in jr.batch(s) or []]
-    during = sorted(s for t, s in written if restarts[0]["time"] <= t <= back["time"])
-    print(f"recovery of step {restarts[0]['step']} took {back['seconds']}s; shards written meanwhile: {during}")
-    assert during and all(s > restarts[0]["step"] for s in during), (during, restarts[0], back)
 
 
 @pytest.mark.timeout(600)
