@@ -360,7 +360,7 @@ class TrainerGroup:
             return None
         A = self.actors
         try:
-            sh = A.get(A.call(store, "shadow"), timeout=30)
+            sh = A.get(A.call(store, "shadow", k), timeout=30)
         except Exception as e:  # no shadow is no fault: the snapshot serves
             log.warning("job %s: shadow copy not readable (%s): restoring the snapshot", self.ctx.job, e)
             return None

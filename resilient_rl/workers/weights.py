@@ -52,41 +52,46 @@ class WeightStore:
     def put_shadow(self, meta: dict[str, Any], tensors: Any, tree: str, rng: Any) -> int:
         """Keep a rank's shadow copy of step ``meta['step']`` (see ``TrainerRank._shadow``).
 
-        A layout (world, strategy, spec) other than the one held replaces every copy; per rank
-        the copies older than the newest complete step are dropped, so two per rank are held
-        (the complete one and one arriving), three at most."""
+        A layout (world, strategy, spec) other than the one held replaces every copy. Per rank
+        the copies older than the *previous* complete step are dropped: a rank sends the copy
+        of step k+1 before step k is committed, so if it dies in that gap the copy a restart
+        can use (at most the committed step) is the one before. So two complete copies per
+        rank are held and one arriving, three at most (a bound even if a rank stops sending)."""
         layout = (meta["world"], meta["strategy"], meta["spec_digest"], meta["sources"])
         if any(m["layout"] != layout for parts in self.shadows.values() for m, *_ in parts.values()):
             self.shadows = {}
         meta = {**meta, "layout": layout}
         parts = self.shadows.setdefault(int(meta["rank"]), {})
         parts[int(meta["step"])] = (meta, tensors, tree, rng)
-        for s in sorted(parts)[:-3]:  # a bound even if one rank's copies stopped coming
+        for s in sorted(parts)[:-3]:
             del parts[s]
-        done = self._complete()
-        if done is not None:
+        done = self._complete_steps()
+        if len(done) >= 2:
+            keep = done[-2]
             for parts in self.shadows.values():
-                for s in [s for s in parts if s < done["step"]]:
+                for s in [s for s in parts if s < keep]:
                     del parts[s]
         return int(meta["step"])
 
-    def _complete(self) -> dict[str, Any] | None:
+    def _complete_steps(self) -> list[int]:
+        """The steps every source rank has its copy of, oldest first."""
         sources = {int(r) for r in self.shadows}
         if not sources:
-            return None
+            return []
         meta = next(iter(next(iter(self.shadows.values())).values()))[0]
         if sources != set(range(int(meta["sources"]))):
-            return None
-        steps = set.intersection(*(set(parts) for parts in self.shadows.values()))
+            return []
+        return sorted(set.intersection(*(set(parts) for parts in self.shadows.values())))
+
+    def shadow(self, upto: int | None = None) -> dict[str, Any] | None:
+        """The newest step (at most ``upto``, the committed step) every source rank has a
+        shadow copy of, and its layout (None: none)."""
+        steps = [s for s in self._complete_steps() if upto is None or s <= upto]
         if not steps:
             return None
-        s = max(steps)
-        return {"step": s, "world": meta["world"], "strategy": meta["strategy"], "spec_digest": meta["spec_digest"],
-                "sources": meta["sources"]}  # fmt: skip
-
-    def shadow(self) -> dict[str, Any] | None:
-        """The newest step every source rank has a shadow copy of, and its layout (None: none)."""
-        return self._complete()
+        meta = next(iter(next(iter(self.shadows.values())).values()))[0]
+        return {"step": steps[-1], "world": meta["world"], "strategy": meta["strategy"],
+                "spec_digest": meta["spec_digest"], "sources": meta["sources"]}  # fmt: skip
 
     def shadow_part(self, rank: int, step: int) -> tuple[Any, str, Any]:
         """Rank ``rank``'s shadow copy of ``step``: (tensors, tree, rng). KeyError if not held."""
