@@ -206,7 +206,8 @@ def trainer_paths(kills: int, out: Path, world: int = 2, big: bool = False) -> i
                               trainer_scenario(hot, kills, f"bench-trainer-{tag}-{mode}", world, big))  # fmt: skip
         rep = condense({**full, "exit_code": rc})
         recs = [e for e in full.get("events", []) if e.get("kind") == "trainer_recovered"]
-        rep["recoveries"] = [{k: e.get(k) for k in ("recovery", "seconds", "spares_used", "replayed")} for e in recs]
+        rep["recoveries"] = [{k: e.get(k) for k in ("recovery", "seconds", "spares_used", "replayed", "phases")}
+                             for e in recs]  # fmt: skip
         rep["step_seconds"] = [x["step_seconds"] for x in full.get("steps", []) if x.get("step_seconds")]
         runs[mode] = rep
         fs = [f for f in rep["faults"] if f["status"] == "injected"]
@@ -220,6 +221,9 @@ def trainer_paths(kills: int, out: Path, world: int = 2, big: bool = False) -> i
           "injection, median (min-max) over faults\n")  # fmt: skip
     print(table(["recovery", "faults injected", "invariants", "detection", "next commit", "group size restored",
                  "recovery itself", "warm spare used"], rows))  # fmt: skip
+    for r in runs["hot"]["recoveries"]:
+        if r.get("phases"):  # where the driver's hot path spent its time (TrainerGroup.recover_hot)
+            print("hot recovery phases, s: " + ", ".join(f"{k} {v}" for k, v in r["phases"].items()))
     extra: dict[str, Any] = {}
     if big:
         gbps = memcpy_gbps()

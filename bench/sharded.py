@@ -26,6 +26,9 @@ per rank:
   hot recovery's survivor must still show it), against the full ``fingerprint`` (a pass over
   the whole state, run only at the end of a hot recovery), and the sketch as a share of a step.
 
+- *state transfer* (DDP): ``TrainCore.share_state``, the broadcast of rank 0's whole state
+  (model, optimizer, RNG) that a newcomer receives in a hot recovery, against one memcpy of it.
+
 Results go to ``bench/results/sharded.json``.
 """
 
@@ -116,6 +119,11 @@ def measure(
     t0 = time.perf_counter()
     core.fingerprint()
     fingerprint = time.perf_counter() - t0
+    share = None
+    if strategy == "ddp":  # a hot recovery's state transfer: rank 1 receives rank 0's whole state
+        t0 = time.perf_counter()
+        core.share_state(0)
+        share = time.perf_counter() - t0
     from checkpoints.backends import make_backend
 
     t0 = time.perf_counter()
@@ -143,7 +151,7 @@ def measure(
     return {"peak_bytes": peak, "step_s": times[1:] or times, "publish_s": publish, "floor_s": floor,
             "fresh_floor_s": floor_fresh, "bytes": size, "params": params, "shadow_s": shadow[1:],
             "shadow_bytes": shadow_bytes, "snapshot_block_s": snap_block, "sketch_s": min(sketch),
-            "fingerprint_s": fingerprint}  # fmt: skip
+            "fingerprint_s": fingerprint, "share_s": share}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     snap_block = {s: [max(r["snapshot_block_s"] for r in ranks) for ranks in runs[s]] for s in runs}
     sketch = {s: [max(r["sketch_s"] for r in ranks) for ranks in runs[s]] for s in runs}
     fprint = {s: [max(r["fingerprint_s"] for r in ranks) for ranks in runs[s]] for s in runs}
+    share = [max(r["share_s"] for r in ranks) for ranks in runs["ddp"]]
+    state_bytes = [max(r["shadow_bytes"] for r in ranks) for ranks in runs["ddp"]]
+    copy_s = [b / (ranks[0]["bytes"] / ranks[0]["floor_s"]) for b, ranks in zip(state_bytes, runs["ddp"], strict=True)]
     print(f"\n{machine_line()}\n{params / 1e6:.1f}M parameters + AdamW, world 2, {args.repeats} repeat(s)\n")
     print(table(["", "DDP", "FSDP", "FSDP / DDP"], [
         ["peak memory above baseline, GiB per rank", fmt(peak["ddp"]), fmt(peak["fsdp"]), fmt(ratio_mem)],
@@ -203,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         ["state sketch per step (what the commit records), ms", fmt([x * 1e3 for x in sketch["ddp"]], 2),
          fmt([x * 1e3 for x in sketch["fsdp"]], 2), ""],
         ["full state fingerprint (recovery only), s", fmt(fprint["ddp"], 2), fmt(fprint["fsdp"], 2), ""],
+        ["hot recovery: the whole state to a newcomer (broadcast), s", fmt(share, 2), "-", ""],
+        ["  its floor: one memcpy of the state, s", fmt(copy_s, 2), "-", ""],
         ["sketch / step time", fmt([a / b for a, b in zip(sketch["ddp"], step["ddp"], strict=True)], 5),
          fmt([a / b for a, b in zip(sketch["fsdp"], step["fsdp"], strict=True)], 5), ""],
     ]))  # fmt: skip
@@ -226,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             "snapshot_block_s": snap_block,
             "sketch_s": sketch,
             "fingerprint_s": fprint,
+            "share_s": share,
+            "state_memcpy_s": copy_s,
             "ratios": {"memory": ratio_mem, "step": ratio_step, "publish": ratio_pub, "publish_fresh": ratio_fresh},
         },
     )

@@ -292,6 +292,13 @@ class TrainerGroup:
     def world(self) -> int:
         return len(self.ranks)
 
+    def _placement(self) -> Placement:
+        """Where a rank or a spare runs: ``trainer.num_cpus``/``num_gpus`` reserved, with the
+        trainer's environment (threads, gloo) over the job's."""
+        t, env = self.ctx.spec.trainer, self.ctx.runtime_env()
+        env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
+        return Placement(t.num_cpus, t.num_gpus, env)
+
     def start(self, k: int, world: int) -> Any:
         """(Re)start ``world`` ranks at committed step ``k``; returns the weights of version k
         (None when k is 0: workers start from the model folder, which is version 0)."""
@@ -304,10 +311,7 @@ class TrainerGroup:
                          Placement(on_this_node=True, get_if_exists=True))  # fmt: skip
         A.get(A.call(store, "ping"))
         restore, s = choose_restore(c, k)
-        t = c.spec.trainer
-        env = c.runtime_env()
-        env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
-        placement = Placement(t.num_cpus, t.num_gpus, env)
+        placement = self._placement()
         strategy = self.strategy = c.strategy()
         if c.read_state().get("trainer_actors"):
             c.update_state(expect=live, trainer_actors=None)  # every rank under its own name again
@@ -510,6 +514,7 @@ class TrainerGroup:
         # the survivors' calls fail as their collective does: at once when a peer was killed, at the
         # process group's timeout (fault.hang_timeout) when it froze
         wait_s = max(10.0, float(c.spec.fault.lease_ttl))
+        t_wait = time.monotonic()
         A.wait(refs, num_returns=len(refs), timeout=wait_s)
         lost, survivors = [], []
         for i, ref in enumerate(refs):
@@ -544,14 +549,12 @@ class TrainerGroup:
                         "(sketch differs): cold path", c.job, moved, k)  # fmt: skip
             return False
         t0 = time.monotonic()
+        phases = {"survivors": round(t0 - t_wait, 3)}  # their calls ending, their answers, the sketch check
         self.faults.restart("trainer", backoff=False)
         c.event(Kind.TRAINER_RESTART, f"{why}: hot recovery of rank(s) {lost} at step {k}; the survivors "
                 f"{survivors} keep their state", world=self.world, group="trainer", cause="lost", resize=False, step=k,
                 recovery="hot", lost=lost, survivors=survivors, survivor_pids=[x["pid"] for x in status])  # fmt: skip
-        env = c.runtime_env()
-        env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
-        t = c.spec.trainer
-        placement = Placement(t.num_cpus, t.num_gpus, env)
+        placement = self._placement()
         for i in lost:
             self.actors.kill(self.ranks[i])
         promoted = {i: a for i in lost if (a := self._take_spare()) is not None}
@@ -559,13 +562,18 @@ class TrainerGroup:
                                  (c.job, i, self.world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd,
                                   self.strategy), placement)
                  for i in lost if i not in promoted}  # fmt: skip
+        phases["spares"] = round(time.monotonic() - t0, 3)
         src = survivors[0]
         master = A.get(A.call(self.ranks[src], "address", True), timeout=30)
         calls = [A.call(self.ranks[i], "reform", master, c.token, src) for i in survivors]
         calls += [A.call(a, "promote", master, i, self.world, c.token, src) for i, (_, a) in promoted.items()]
         calls += [A.call(a, "setup", master, None, None, src) for i, a in fresh.items()]
         limit = max(300.0, c.spec.fault.hang_timeout)
-        self._get(calls, timeout=limit)
+        t_reform = time.monotonic()
+        reformed = self._get(calls, timeout=limit)
+        phases["reform"] = round(time.monotonic() - t_reform, 3)
+        for key in ("join", "regroup", "state"):  # the slowest rank's part of each
+            phases[f"reform_{key}"] = max(float((x.get("phases") or {}).get(key, 0.0)) for x in reformed)
         for i, a in {**{i: a for i, (_, a) in promoted.items()}, **fresh}.items():
             self.ranks[i] = a
         A.get([A.call(fresh[i], "adopt", c.token, c.spec.digest()) for i in fresh], timeout=limit)  # fence them
@@ -574,7 +582,9 @@ class TrainerGroup:
             names.pop(str(i), None)
         names.update({str(i): name for i, (name, _) in promoted.items()})
         c.update_state(expect=live, trainer_actors=names or None)
+        t_print = time.monotonic()
         prints = self._get([A.call(r, "fingerprint") for r in self.ranks], timeout=limit)
+        phases["fingerprint"] = round(time.monotonic() - t_print, 3)
         if len({(x["fingerprint"], x["step"]) for x in prints}) != 1:
             raise RuntimeError(f"after the hot recovery the ranks' state fingerprints differ: "
                                f"{[(x['rank'], x['fingerprint'][:12]) for x in prints]}")  # fmt: skip
@@ -583,7 +593,7 @@ class TrainerGroup:
         c.event(Kind.TRAINER_RECOVERED, f"trainer group whole again at step {k} in {secs}s (hot: rank(s) {lost} "
                 f"replaced, epoch {epoch})", seconds=secs, world=self.world, group="trainer", resize=False,
                 recovery="hot", epoch=epoch, fingerprint=prints[0]["fingerprint"][:16],
-                spares_used=len(promoted))  # fmt: skip
+                spares_used=len(promoted), phases=phases)  # fmt: skip
         self.fill_spares()
         return True
 
@@ -690,11 +700,9 @@ class TrainerGroup:
             self.spares.fill(self.spares_wanted())
 
     def _create_spare(self, name: str, n: int) -> Any:
-        c, t = self.ctx, self.ctx.spec.trainer
-        env = c.runtime_env()
-        env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
+        c = self.ctx
         args = (c.job, 0, self.world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd, self.strategy, n)
-        return self.actors.create("trainer", name, args, Placement(t.num_cpus, t.num_gpus, env))
+        return self.actors.create("trainer", name, args, self._placement())
 
     def _take_spare(self) -> tuple[str, Any] | None:
         """A warm spare that answers, its fence raised to this leader's (see :meth:`SparePool.take`)."""

@@ -110,9 +110,10 @@ def weights_digest(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _raw(t: torch.Tensor) -> bytes:
-    """The tensor's bytes in memory order (any dtype, bf16 included: numpy has none)."""
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+def _raw(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes in memory order (any dtype, bf16 included: numpy has none), as a view:
+    no copy (a copy was two thirds of a fingerprint's cost: 2.1 s/GB against 0.7 s/GB)."""
+    return memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

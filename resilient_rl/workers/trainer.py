@@ -85,6 +85,11 @@ def _disk_note(path: Path) -> str:
     return ""
 
 
+def _phases(**seconds: float) -> dict[str, float]:
+    """Where a recovery call spent its time (seconds, rounded): the driver's event carries them."""
+    return {k: round(v, 3) for k, v in seconds.items()}
+
+
 class TrainerRank:
     """One rank of the trainer group (see module doc)."""
 
@@ -162,14 +167,17 @@ class TrainerRank:
         old, self.member = self.member, self._register("trainer", str(rank))
         old.close()
         device = self._join_group(master, joining=src is not None)
+        t1 = time.monotonic()
         if self.core is None:  # not warmed yet: build it now (collective under ddp at world > 1)
             self.core = TrainCore(self.spec, self.model_dir, rank, world, self.strategy, device)
         else:
             self.core.regroup(rank, world)
+        t2 = time.monotonic()
         self._load_state(restore, shadow, src)
         self.member.update(status="ready", step=self.step, strategy=self.strategy)
-        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "seconds": time.monotonic() - t0,
-                "threads": torch.get_num_threads()}  # fmt: skip
+        t3 = time.monotonic()
+        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "seconds": t3 - t0,
+                "threads": torch.get_num_threads(), "phases": _phases(join=t1 - t0, regroup=t2 - t1, state=t3 - t2)}  # fmt: skip
 
     def _device(self) -> str:
         backend = self.spec.trainer.backend
@@ -295,11 +303,20 @@ class TrainerRank:
         if dist.is_initialized():
             dist.destroy_process_group()
         self._join_group(master, joining=True)
+        t1 = time.monotonic()
         self.core.regroup(self.rank, self.world)
         self.core.opt.zero_grad(set_to_none=True)  # the lost step's partial gradients
+        t2 = time.monotonic()
         self.core.share_state(src)
         self.member.update(status="ready", step=self.step)
-        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "seconds": time.monotonic() - t0}
+        t3 = time.monotonic()
+        return {
+            "rank": self.rank,
+            "step": self.step,
+            "pid": os.getpid(),
+            "seconds": t3 - t0,
+            "phases": _phases(join=t1 - t0, regroup=t2 - t1, state=t3 - t2),
+        }
 
     def _load_state(self, restore: str | None, shadow: dict[str, int] | None, peer: int | None) -> None:
         """The state a rank starts from: rank ``peer``'s (collective), a snapshot folder, the shadow
@@ -320,7 +337,10 @@ class TrainerRank:
     def fingerprint(self) -> dict[str, Any]:
         """This rank's state fingerprint (model, optimizer, step, RNG; see TrainCore.fingerprint)."""
         assert self.core is not None
-        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "fingerprint": self.core.fingerprint()}
+        t0 = time.monotonic()
+        fp = self.core.fingerprint()
+        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "fingerprint": fp,
+                "seconds": round(time.monotonic() - t0, 3)}  # fmt: skip
 
     def _restore(self, path: Path) -> None:
         assert self.core is not None

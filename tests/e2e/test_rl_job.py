@@ -298,7 +298,7 @@ def test_rescale_both_groups_mid_job(platform: LivePlatform, tmp_path: Path) -> 
     lineage = jobs.lineage(platform.store, job)
     assert [s["world"] for s in lineage] == [2, 1, 2] and lineage[0]["at_step"] == 0, lineage
     assert all(s["from_step"] <= s["at_step"] and s["strategy"] == "ddp" and s["threads"] >= 1 for s in lineage)
-    r = run_rrl("verify", job, "--etcd", platform.data["etcd"], timeout=600)
+    r = run_rrl("verify", job, "--etcd", platform.data["etcd"], "--ray-address", platform.data["ray"], timeout=600)
     assert r.returncode == 0 and "match" in r.stdout and "mismatch" not in r.stdout, r.stdout + r.stderr
     assert "3 segment(s)" in r.stdout and "at world 1" in r.stdout, r.stdout
     # (that a replay at the spec's world size alone would not match is the plan's unit test's

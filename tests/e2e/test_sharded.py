@@ -24,7 +24,7 @@ def _segments(platform: LivePlatform, job: str) -> list[dict[str, Any]]:
 
 
 def _verify(platform: LivePlatform, job: str) -> str:
-    r = run_rrl("verify", job, "--etcd", platform.data["etcd"], timeout=600)
+    r = run_rrl("verify", job, "--etcd", platform.data["etcd"], "--ray-address", platform.data["ray"], timeout=600)
     assert r.returncode == 0 and "match" in r.stdout and "mismatch" not in r.stdout, r.stdout + r.stderr
     return r.stdout
 
