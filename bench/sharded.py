@@ -27,7 +27,8 @@ per rank:
   the whole state, run only at the end of a hot recovery), and the sketch as a share of a step.
 
 - *state transfer* (DDP): ``TrainCore.share_state``, the broadcast of rank 0's whole state
-  (model, optimizer, RNG) that a newcomer receives in a hot recovery, against one memcpy of it.
+  (model, optimizer, RNG) that a newcomer receives in a hot recovery, with the state
+  fingerprint hashed as it crosses, against one memcpy of the state.
 
 Results go to ``bench/results/sharded.json``.
 """
@@ -122,8 +123,10 @@ def measure(
     share = None
     if strategy == "ddp":  # a hot recovery's state transfer: rank 1 receives rank 0's whole state
         t0 = time.perf_counter()
-        core.share_state(0)
+        fp = core.share_state(0)  # with the fingerprint, hashed as the state crosses
         share = time.perf_counter() - t0
+        if fp != core.fingerprint():
+            raise RuntimeError("the fingerprint hashed during the transfer is not the state's")
     from checkpoints.backends import make_backend
 
     t0 = time.perf_counter()

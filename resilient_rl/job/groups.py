@@ -582,9 +582,10 @@ class TrainerGroup:
             names.pop(str(i), None)
         names.update({str(i): name for i, (name, _) in promoted.items()})
         c.update_state(expect=live, trainer_actors=names or None)
-        t_print = time.monotonic()
-        prints = self._get([A.call(r, "fingerprint") for r in self.ranks], timeout=limit)
-        phases["fingerprint"] = round(time.monotonic() - t_print, 3)
+        # every rank's state fingerprint, hashed while the state crossed (TrainCore.share_state)
+        prints = [x for x in reformed if x.get("fingerprint")]
+        if len(prints) != self.world:
+            raise RuntimeError(f"after the hot recovery {self.world - len(prints)} rank(s) gave no state fingerprint")
         if len({(x["fingerprint"], x["step"]) for x in prints}) != 1:
             raise RuntimeError(f"after the hot recovery the ranks' state fingerprints differ: "
                                f"{[(x['rank'], x['fingerprint'][:12]) for x in prints]}")  # fmt: skip

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -110,10 +111,26 @@ def weights_digest(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+log = logging.getLogger(__name__)
+
+
 def _raw(t: torch.Tensor) -> memoryview:
     """The tensor's bytes in memory order (any dtype, bf16 included: numpy has none), as a view:
     no copy (a copy was two thirds of a fingerprint's cost: 2.1 s/GB against 0.7 s/GB)."""
     return memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def _hash_tensor(h: Any, key: str, t: torch.Tensor) -> None:
+    """One tensor of a state fingerprint: its key, then its bytes (see ``TrainCore.fingerprint``)."""
+    h.update(key.encode())
+    h.update(_raw(t))
+
+
+def _finish_hash(h: Any, tree: str, rng: torch.Tensor) -> str:
+    """A state fingerprint's end: the tree of the non-tensor leaves and the RNG state."""
+    h.update(tree.encode())
+    h.update(_raw(rng))
+    return str(h.hexdigest())
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -558,28 +575,45 @@ class TrainCore:
         self.rank, self.world = rank, world
         self.model = _ddp(self.module) if world > 1 else self.module
 
-    def share_state(self, src: int) -> None:
+    def share_state(self, src: int) -> str:
         """Collective over the (new) group: every rank ends with rank ``src``'s model, optimizer,
-        step and RNG state (broadcast, key by key in a fixed order). ddp only (replicated state)."""
-        from checkpoints.backends import flatten_state
+        step and RNG state (broadcast, key by key in a fixed order, each tensor received straight
+        into this rank's own: no staging copy). ddp only (replicated state). Returns this rank's
+        :meth:`fingerprint` afterwards, hashed while the state crosses (a thread hashes each
+        tensor once it is sent or received, beside the next one's broadcast), so a recovery
+        pays no pass of its own over the state; a full pass only if the load replaced a tensor."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from checkpoints.backends import apply_state_tree, flatten_state
 
         if self.strategy != "ddp":
             raise RuntimeError(f"a {self.strategy} trainer's state is not replicated: use its shadow copy")
-        flat, tree = flatten_state(self.training_state({"step": self.step}))
-        head = [tree, torch.get_rng_state(), sorted(flat)]
+        state = self.training_state({"step": self.step})
+        flat, tree = flatten_state(state)
+        keys = sorted(flat)
+        layout = {k: (list(flat[k].shape), str(flat[k].dtype)) for k in keys}
+        head = [tree, torch.get_rng_state(), layout]
         dist.broadcast_object_list(head, src=src)
-        tree, rng, keys = head
-        if keys != sorted(flat):
-            raise ValueError(f"state layouts differ from rank {src}'s: {sorted(set(keys) ^ set(flat))[:5]}")
-        if self.rank == src:
+        tree, rng, theirs = head
+        if theirs != layout:
+            differ = sorted(k for k in set(theirs) | set(layout) if theirs.get(k) != layout.get(k))
+            raise ValueError(f"state layouts differ from rank {src}'s: {differ[:5]}")
+        h = hashlib.sha256()
+        with ThreadPoolExecutor(1, thread_name_prefix="state-hash") as hasher:  # in submission order
             for key in keys:
-                dist.broadcast(flat[key].detach(), src=src)
-            return
-        got = {key: torch.empty_like(flat[key].detach()) for key in keys}
-        for key in keys:
-            dist.broadcast(got[key], src=src)
-        self.load_shadow(got, tree)
-        torch.set_rng_state(rng)
+                t = flat[key].detach()
+                dist.broadcast(t, src=src)  # in place: on a receiving rank, its live tensor
+                hasher.submit(_hash_tensor, h, key, t)
+        if self.rank != src:
+            with torch.no_grad():
+                apply_state_tree(state, tree)
+                self.apply_state(state)
+            torch.set_rng_state(rng)
+            after, tree_now = flatten_state(self.training_state({"step": self.step}))
+            if tree_now != tree or any(after[k].data_ptr() != flat[k].data_ptr() for k in keys):
+                log.warning("the received state was not kept in place: a full fingerprint pass")
+                return self.fingerprint()  # the load replaced a tensor: what was hashed is not the state
+        return _finish_hash(h, tree, torch.get_rng_state())
 
     def sketch(self) -> str:
         """A cheap fingerprint of this rank's training state: the step and, of every parameter and
@@ -610,13 +644,9 @@ class TrainCore:
 
         h = hashlib.sha256()
         flat, tree = flatten_state(self.training_state({"step": self.step}))
-        h.update(tree.encode())
         for key in sorted(flat):
-            t = flat[key]
-            h.update(key.encode())
-            h.update(_raw(_full(t.detach())))
-        h.update(_raw(torch.get_rng_state()))
-        return h.hexdigest()
+            _hash_tensor(h, key, _full(flat[key].detach()))
+        return _finish_hash(h, tree, torch.get_rng_state())
 
     def apply_state(self, state: dict[str, Any]) -> None:
         from checkpoints.backends import apply_training_state

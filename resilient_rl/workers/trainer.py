@@ -124,6 +124,7 @@ class TrainerRank:
         self.fence = 0  # newest leader token seen (see check_fence)
         self.last: dict[str, Any] | None = None  # the result of the newest train_step
         self._training: int | None = None  # the step a train_step is working on (read by adopt)
+        self.received: str | None = None  # the fingerprint of a state received from a peer (hot recovery)
         self._rendezvous: Any = None  # rank 0: the process group's TCPStore, held from address() on
         self._shadow_buf: dict[str, torch.Tensor] = {}  # staging of the shadow copy, reused
         self._shadow_send: threading.Thread | None = None  # the copy being handed to the store
@@ -177,7 +178,8 @@ class TrainerRank:
         self.member.update(status="ready", step=self.step, strategy=self.strategy)
         t3 = time.monotonic()
         return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "seconds": t3 - t0,
-                "threads": torch.get_num_threads(), "phases": _phases(join=t1 - t0, regroup=t2 - t1, state=t3 - t2)}  # fmt: skip
+                "threads": torch.get_num_threads(), "phases": _phases(join=t1 - t0, regroup=t2 - t1, state=t3 - t2),
+                "fingerprint": self.received}  # fmt: skip
 
     def _device(self) -> str:
         backend = self.spec.trainer.backend
@@ -279,6 +281,7 @@ class TrainerRank:
             "digest": self.core.digest(),  # a collective under fsdp: every rank is in setup
             "threads": torch.get_num_threads(),  # part of the arithmetic: the lineage records it
             "strategy": self.strategy,
+            "fingerprint": self.received,  # with ``peer``: the state's fingerprint, hashed as it came
         }
 
     def reform(self, master: tuple[str, int], token: int, src: int) -> dict[str, Any]:
@@ -307,7 +310,7 @@ class TrainerRank:
         self.core.regroup(self.rank, self.world)
         self.core.opt.zero_grad(set_to_none=True)  # the lost step's partial gradients
         t2 = time.monotonic()
-        self.core.share_state(src)
+        fingerprint = self.core.share_state(src)
         self.member.update(status="ready", step=self.step)
         t3 = time.monotonic()
         return {
@@ -316,14 +319,16 @@ class TrainerRank:
             "pid": os.getpid(),
             "seconds": t3 - t0,
             "phases": _phases(join=t1 - t0, regroup=t2 - t1, state=t3 - t2),
+            "fingerprint": fingerprint,
         }
 
     def _load_state(self, restore: str | None, shadow: dict[str, int] | None, peer: int | None) -> None:
         """The state a rank starts from: rank ``peer``'s (collective), a snapshot folder, the shadow
         copy (``{"step", "rank"}``) in the weight store, or (none given) the initial model."""
         assert self.core is not None
+        self.received = None
         if peer is not None:
-            self.core.share_state(peer)
+            self.received = self.core.share_state(peer)
         elif restore is not None:
             self._restore(Path(restore))
         elif shadow is not None:

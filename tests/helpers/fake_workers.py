@@ -221,7 +221,8 @@ class FakeTrainer:
             self._script.broken = False  # the new group
             if self.rank == src:
                 self._script.transfers[tuple(master)] = (self.step, list(self.applied))
-        return {"rank": self.rank, "step": self.step, "pid": self.serial, "seconds": 0.0}
+        return {"rank": self.rank, "step": self.step, "pid": self.serial, "seconds": 0.0,
+                "fingerprint": self.fingerprint()["fingerprint"]}  # fmt: skip
 
     def warm(self) -> dict[str, Any]:
         if self.spare is None:
@@ -258,7 +259,8 @@ class FakeTrainer:
             if src is None and self._script.bad_replay > 0:
                 self._script.bad_replay -= 1
                 self._script.bad_serials.add(self.serial)
-        return {"rank": rank, "step": self.step, "pid": self.serial, "seconds": 0.0, "threads": 1}
+        return {"rank": rank, "step": self.step, "pid": self.serial, "seconds": 0.0, "threads": 1,
+                "fingerprint": self.fingerprint()["fingerprint"] if src is not None else None}  # fmt: skip
 
     def _receive(self, master: tuple[str, int]) -> None:
         """A newcomer of a hot recovery takes the state the survivor sent for ``master``."""
@@ -287,7 +289,7 @@ class FakeTrainer:
         if peer is not None:  # a newcomer of a hot recovery: the state the survivor sent
             self._receive(master)
             return {"rank": self.rank, "step": self.step, "digest": self.digest(), "threads": 1,
-                    "strategy": self.strategy}  # fmt: skip
+                    "strategy": self.strategy, "fingerprint": self.fingerprint()["fingerprint"]}  # fmt: skip
         s = self._script
         t0 = time.monotonic()
         time.sleep(s.setup_delay_s)

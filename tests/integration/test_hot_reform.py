@@ -94,8 +94,10 @@ def test_a_rank_lost_mid_step_is_replaced_hot_and_the_run_stays_exact(
         ready = newcomer.result()
         assert back["pid"] == pid and back["step"] == 1 and ready["step"] == 1
         group = [newcomer, survivor] if lost == 0 else [survivor, newcomer]
-        prints = [r.call("fingerprint") for r in group]
+        prints = [r.call("fingerprint") for r in group]  # a full pass over each rank's state ...
         assert prints[0]["fingerprint"] == prints[1]["fingerprint"]  # model + optimizer + step + RNG
+        # ... equal to what the transfer hashed as the state crossed (the driver uses these)
+        assert back["fingerprint"] == ready["fingerprint"] == prints[0]["fingerprint"]
         assert newcomer.call("adopt", 0, parse_spec(SPEC).digest())["sketch"] == committed
         for step in range(1, STEPS):  # the interrupted step is trained again, from its journaled batch
             out = call_all(group, "train_step", step, False)
