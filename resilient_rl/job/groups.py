@@ -497,7 +497,7 @@ class TrainerGroup:
                        **({} if resize else {"recovery": "cold"}))  # fmt: skip
         return weights
 
-    def recover_hot(self, k: int, refs: list[Any], why: str) -> bool:
+    def recover_hot(self, k: int, refs: list[Any], why: str, step_s: float = 0.0) -> bool:
         """Hot recovery from lost ranks while train step ``k`` ran (``refs``, one per rank): the
         survivors keep their processes and state, re-form the process group with a new rank in
         each lost one's place, and send it their state (broadcast); the caller then trains step
@@ -505,15 +505,17 @@ class TrainerGroup:
         serve (nothing was changed that :meth:`restart` does not redo): no survivor (world 1),
         not ddp (fsdp shards live on the old mesh), a survivor that does not answer, or one
         whose state is not the committed step's (it may have applied step ``k``), or a newcomer
-        whose state fingerprint differs from the survivors'."""
+        whose state fingerprint differs from the survivors'. ``step_s``: the slowest train step
+        seen (a survivor's call ends when its step reaches the collective that fails)."""
         A, c = self.actors, self.ctx
         if self.strategy != "ddp":
             return False
         if self.world == 1:
             return self._recover_alone(k, refs[0], why)
-        # the survivors' calls fail as their collective does: at once when a peer was killed, at the
-        # process group's timeout (fault.hang_timeout) when it froze
-        wait_s = max(10.0, float(c.spec.fault.lease_ttl))
+        # the survivors' calls fail as their collective does: when their step reaches it after a peer
+        # was killed (up to a whole step: seen at 100M parameters, 11 s), at the process group's
+        # timeout (fault.hang_timeout) when it froze
+        wait_s = max(10.0, float(c.spec.fault.lease_ttl), 2.0 * step_s)
         t_wait = time.monotonic()
         A.wait(refs, num_returns=len(refs), timeout=wait_s)
         lost, survivors = [], []

@@ -372,7 +372,7 @@ class JobRunner:
         if not self.spec.trainer.hot_recovery:
             return ""
         try:
-            return None if self.trainers.recover_hot(train.step, train.refs, why) else ""
+            return None if self.trainers.recover_hot(train.step, train.refs, why, self.slowest_train_s) else ""
         except (NotLeader, JobFailed):
             raise
         except Exception as e:
