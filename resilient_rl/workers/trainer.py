@@ -124,7 +124,6 @@ class TrainerRank:
         self.fence = 0  # newest leader token seen (see check_fence)
         self.last: dict[str, Any] | None = None  # the result of the newest train_step
         self._training: int | None = None  # the step a train_step is working on (read by adopt)
-        self.received: str | None = None  # the fingerprint of a state received from a peer (hot recovery)
         self._rendezvous: Any = None  # rank 0: the process group's TCPStore, held from address() on
         self._shadow_buf: dict[str, torch.Tensor] = {}  # staging of the shadow copy, reused
         self._shadow_send: threading.Thread | None = None  # the copy being handed to the store
@@ -174,12 +173,12 @@ class TrainerRank:
         else:
             self.core.regroup(rank, world)
         t2 = time.monotonic()
-        self._load_state(restore, shadow, src)
+        received = self._load_state(restore, shadow, src)
         self.member.update(status="ready", step=self.step, strategy=self.strategy)
         t3 = time.monotonic()
         return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "seconds": t3 - t0,
                 "threads": torch.get_num_threads(), "phases": _phases(join=t1 - t0, regroup=t2 - t1, state=t3 - t2),
-                "fingerprint": self.received}  # fmt: skip
+                "fingerprint": received}  # fmt: skip
 
     def _device(self) -> str:
         backend = self.spec.trainer.backend
@@ -273,7 +272,7 @@ class TrainerRank:
         :meth:`reform`). Every rank calls one of them (collective)."""
         device = self._join_group(master, joining=peer is not None)
         self.core = TrainCore(self.spec, self.model_dir, self.rank, self.world, self.strategy, device)
-        self._load_state(restore, shadow, peer)
+        received = self._load_state(restore, shadow, peer)
         self.member.update(status="ready", step=self.step, strategy=self.strategy)
         return {
             "rank": self.rank,
@@ -281,7 +280,7 @@ class TrainerRank:
             "digest": self.core.digest(),  # a collective under fsdp: every rank is in setup
             "threads": torch.get_num_threads(),  # part of the arithmetic: the lineage records it
             "strategy": self.strategy,
-            "fingerprint": self.received,  # with ``peer``: the state's fingerprint, hashed as it came
+            "fingerprint": received,  # with ``peer``: the state's fingerprint, hashed as it came
         }
 
     def reform(self, master: tuple[str, int], token: int, src: int) -> dict[str, Any]:
@@ -322,14 +321,14 @@ class TrainerRank:
             "fingerprint": fingerprint,
         }
 
-    def _load_state(self, restore: str | None, shadow: dict[str, int] | None, peer: int | None) -> None:
+    def _load_state(self, restore: str | None, shadow: dict[str, int] | None, peer: int | None) -> str | None:
         """The state a rank starts from: rank ``peer``'s (collective), a snapshot folder, the shadow
-        copy (``{"step", "rank"}``) in the weight store, or (none given) the initial model."""
+        copy (``{"step", "rank"}``) in the weight store, or (none given) the initial model.
+        Returns the state's fingerprint when it came from ``peer`` (hashed as it came), else None."""
         assert self.core is not None
-        self.received = None
         if peer is not None:
-            self.received = self.core.share_state(peer)
-        elif restore is not None:
+            return self.core.share_state(peer)
+        if restore is not None:
             self._restore(Path(restore))
         elif shadow is not None:
             store = ray.get_actor(actor_name(self.job, "weights", 0), namespace=NAMESPACE)
@@ -338,14 +337,12 @@ class TrainerRank:
             torch.set_rng_state(rng)
             if self.step != int(shadow["step"]):
                 raise RuntimeError(f"the shadow copy of step {shadow['step']} holds step {self.step}")
+        return None
 
     def fingerprint(self) -> dict[str, Any]:
         """This rank's state fingerprint (model, optimizer, step, RNG; see TrainCore.fingerprint)."""
         assert self.core is not None
-        t0 = time.monotonic()
-        fp = self.core.fingerprint()
-        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "fingerprint": fp,
-                "seconds": round(time.monotonic() - t0, 3)}  # fmt: skip
+        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "fingerprint": self.core.fingerprint()}
 
     def _restore(self, path: Path) -> None:
         assert self.core is not None
