@@ -239,6 +239,18 @@ def ray_env() -> dict[str, str]:
     }
 
 
+def ray_head_env() -> dict[str, str]:
+    """`ray_env` for a process that starts a Ray head.
+
+    Ray waits 30 s for a new GCS to publish its port. On a loaded 2-core machine the GCS took
+    longer (CI of stop 25: "Timed out waiting for file .../gcs_server_port"), and a head that is
+    slow to start is not a failure: wait as long as Ray itself does for a RocksDB-backed GCS.
+    Only heads get this: in a driver the same variable also stretches the connect retries, and a
+    driver facing a dead head should learn it in Ray's usual ~20 s.
+    """
+    return {**ray_env(), "RAY_gcs_server_port_wait_time_s": "120"}
+
+
 class Platform:
     """The processes of the embedded platform, persisted in ``$RRL_HOME/platform.json``."""
 
@@ -357,7 +369,7 @@ class Platform:
             "--num-cpus", str(max(os.cpu_count() or 1, 8)),
             "--temp-dir", str(self.ray_temp_dir()),
         ]  # fmt: skip
-        proc = ManagedProcess.spawn("ray", argv, log_path, env=ray_env())
+        proc = ManagedProcess.spawn("ray", argv, log_path, env=ray_head_env())
         deadline = time.monotonic() + wait
         while not port_open("127.0.0.1", port):
             if not proc.alive():

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from controller import events, jobs
-from resilient_rl.local import ManagedProcess, ray_env
+from resilient_rl.local import ManagedProcess, ray_env, ray_head_env
 from resilient_rl.spec import JobSpec, parse_spec
 from tests.conftest import EtcdServer
 from tests.e2e.conftest import metrics
@@ -32,7 +32,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    for k, v in ray_env().items():  # every Ray listener on loopback, as `rrl up` does
+    for k, v in ray_head_env().items():  # every Ray listener on loopback, as `rrl up` does
         monkeypatch.setenv(k, v)
 
     if ray.is_initialized():  # connected to the session platform's Ray: one cluster per process

@@ -10,7 +10,7 @@ import pytest
 import ray
 
 from resilient_rl.job.actors import RayActors
-from resilient_rl.local import ray_env
+from resilient_rl.local import ray_head_env
 from tests.conftest import REPO
 from tests.helpers.actor_contract import CHECKS, Probe
 
@@ -21,8 +21,8 @@ def ray_actors() -> Iterator[RayActors]:
 
     if ray.is_initialized():  # connected to the session platform's Ray: one cluster per process
         ray.shutdown()
-    saved = {k: os.environ.get(k) for k in ray_env()}
-    os.environ.update(ray_env())  # every Ray listener on loopback, as `rrl up` does
+    saved = {k: os.environ.get(k) for k in ray_head_env()}
+    os.environ.update(ray_head_env())  # every Ray listener on loopback, as `rrl up` does
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="rrl-contract", log_to_driver=False,
              _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})  # fmt: skip
     try:
