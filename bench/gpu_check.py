@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         outs = eng.generate(["abc", "hello"], [1, 2], Sampling(temperature=1.0, top_p=1.0, max_tokens=8))
         assert all(len(o.token_ids) >= 1 for o in outs)
         # and the published weights go in bucket by bucket (the object-store transport minus Ray)
-        pairs = [p for b in cores["ddp"].buckets(1 << 16) for p in b]
+        pairs = [p for b in cores["ddp"].buckets(1 << 16, reuse=False) for p in b]  # kept: copies
         eng.load_weights(iter(pairs))
         return f"{sum(len(o.token_ids) for o in outs)} tokens sampled; {len(pairs)} tensors loaded from buckets"
 

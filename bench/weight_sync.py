@@ -8,9 +8,10 @@ What is measured, per (size, engine, N): one *sync* is the wall time from the tr
 publish until all N workers have answered that they hold the new version:
 
 1. ``TrainerRank.publish()`` on a real trainer rank actor (world size 1, gloo): rank 0's
-   ``_put_weights``, i.e. clone the state dict, hand it to the job's ``WeightStore`` actor
-   (pinned to the driver's node, as ``TrainerGroup.start`` does), which ``ray.put``s it and
-   returns the reference. This part is reported as *put s*.
+   ``_put_weights``, i.e. stage each bucket (views of the live tensors) and have the job's
+   ``WeightStore`` actor (pinned to the driver's node, as ``TrainerGroup.start`` does, and
+   sent ``warm`` without waiting, as it does too) pull it through rank 0's ``export``, then
+   seal the version. This part is reported as *put s*.
 2. ``RolloutWorker.load_weights.remote(version, ref)`` sent to each of the N workers at once,
    exactly as the runner does after a committed step (the reference as a top-level argument,
    so Ray fetches and deserialises the state dict before the method runs), then ``ray.get``
@@ -145,6 +146,7 @@ class Bench:
             .remote()
         )  # fmt: skip
         ray.get(self.store.ping.remote())
+        self.store.warm.remote()  # as TrainerGroup.start does: not waited for
         job = job_name(size)
         spec = job_spec(size, "hf", 1, job)
         self.trainer = (
@@ -273,7 +275,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 version = 1
                 warm = bench.sync(workers, version)  # first load of each worker: left out
                 warmups.append({"size": size, "engine": engine, "workers": n_max, **warm})
-                print(f"  {engine}: warm-up sync to {n_max} workers {warm['sync_s']:.3f} s (not counted)")
+                print(f"  {engine}: warm-up sync to {n_max} workers {warm['sync_s']:.3f} s (not counted) = put "
+                      f"{warm['put_s']:.3f} (the first publish after the store started"
+                      f"{'' if engine == args.engines[0] else ': no, an earlier engine published first'}) + get "
+                      f"{max(warm['get_s']):.3f} + load {max(warm['load_s']):.3f}", flush=True)  # fmt: skip
                 for rep in range(args.repeats):
                     for n in args.workers:  # interleaved, so drift in machine load hits every N alike
                         version += 1

@@ -310,6 +310,7 @@ class TrainerGroup:
         store = A.create("weights", c.actor_name("weights", 0), (),
                          Placement(on_this_node=True, get_if_exists=True))  # fmt: skip
         A.get(A.call(store, "ping"))
+        A.call(store, "warm")  # not waited for: it imports while the ranks start (a first pull queues behind it)
         restore, s = choose_restore(c, k)
         placement = self._placement()
         strategy = self.strategy = c.strategy()

@@ -464,11 +464,13 @@ class TrainCore:
 
         A collective under fsdp: every rank must drain the iterator; only rank 0's buckets
         hold tensors (the others get one empty list), so rank 0 holds its shards plus one
-        bucket, never a second whole copy of the model. With ``reuse`` (publishing) a
-        bucket's tensors are consecutive views of one buffer of rank 0 (so ``transport.pack``
-        sends the bucket as one flat array without copying it), reused by the next bucket: a
-        consumer copies each bucket before it asks for the next (``ray.put`` and an actor
-        call's arguments do). Without ``reuse`` every tensor is a fresh copy."""
+        bucket, never a second whole copy of the model. With ``reuse`` (publishing) a whole
+        CPU tensor (ddp) is the live tensor itself, and a gathered one (fsdp) lands in one
+        buffer of rank 0 reused by the next bucket: a consumer serializes each bucket before
+        it asks for the next and before the weights change (the weight store's pull does).
+        Without ``reuse`` every tensor is a fresh copy."""
+        from torch.distributed.tensor import DTensor
+
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         buf = self._bucket_buffer(bucket_bytes) if reuse and self.rank == 0 else None
@@ -476,13 +478,14 @@ class TrainCore:
             t = t.detach()
             nbytes = _padded_bytes(t, self.world)
             region = None
+            live = buf is not None and not isinstance(t, DTensor) and t.device.type == "cpu"
             if buf is not None:
                 if size + nbytes > buf.numel():  # the bucket is full: hand it over, then reuse the buffer
                     yield bucket
                     bucket, size = [], 0
-                    if nbytes > buf.numel():
+                    if nbytes > buf.numel() and not live:
                         buf = self._bucket_buffer(nbytes)
-                region = buf[size : size + nbytes]
+                region = None if live else buf[size : size + nbytes]
             full = _gather_to_rank0(t, self.rank, self.world, region, copy=not reuse)
             if self.rank == 0:
                 assert full is not None

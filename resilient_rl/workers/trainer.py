@@ -70,8 +70,10 @@ def _node_ip() -> str:
 def trainer_actor() -> Any:
     """``TrainerRank`` as a Ray actor class, with the ``io`` concurrency group its snapshot
     waits run in (beside training) and the ``control`` group ``adopt`` answers from (a new
-    leader must not queue behind a train step that may never end). Use this, never a bare ``ray.remote(TrainerRank)``."""
-    return ray.remote(concurrency_groups={"io": 1, "control": 1})(TrainerRank)
+    leader must not queue behind a train step that may never end), and the ``export`` group the
+    weight store pulls each published bucket from (while the publishing step waits on the
+    store). Use this, never a bare ``ray.remote(TrainerRank)``."""
+    return ray.remote(concurrency_groups={"io": 1, "control": 1, "export": 1})(TrainerRank)
 
 
 def _disk_note(path: Path) -> str:
@@ -428,7 +430,17 @@ class TrainerRank:
             store = ray.get_actor(actor_name(self.job, "weights", 0), namespace=NAMESPACE)
         except ValueError:
             store = None
-        return ObjectStoreTransport(store).publish(self.step, buckets)
+        self._transport = ObjectStoreTransport(store, ray.get_runtime_context().current_actor if store else None)
+        return self._transport.publish(self.step, buckets)
+
+    @ray.method(concurrency_group="export")
+    def export(self, version: int, index: int) -> tuple[int, Any]:
+        """The bucket rank 0 has staged for the weight store's pull (see ``_put_weights``);
+        called by the store, which so owns the one serialization of it."""
+        transport = getattr(self, "_transport", None)
+        if transport is None:
+            raise RuntimeError(f"nothing is being published here (bucket {index} of version {version} asked)")
+        return transport.export(version, index)  # type: ignore[no-any-return]
 
     def digest(self) -> str | None:
         """The weights' digest on rank 0 (None on the others). A collective under fsdp."""

@@ -11,20 +11,30 @@ its own (the approach of slime's bucketed weight update).
 :class:`ObjectStoreTransport` is the implementation used here (CPU, any node): each bucket
 becomes one Ray object owned by the job's :class:`~.weights.WeightStore` actor (so it
 outlives trainer restarts), and the handle is a :class:`Published` listing the bucket
-references. A CUDA path (engines on the trainer's GPUs, CUDA IPC handles instead of
-copies) belongs behind the same two calls; it is not built yet.
+references. The store *pulls* each bucket: the publishing rank stages it (views of its
+tensors, no copy) and asks the store to take it; the store calls the rank's ``export``, and a
+method's return value is owned by its caller, so the one serialization of the bucket (the
+rank writing the views' bytes into the object store) is already the store's object
+(``ray.put(_owner=...)`` is gone from Ray 2.56). A worker maps the bucket from shared memory
+and its engine copies it into its parameters: two passes over the weights in all. A CUDA
+path (engines on the trainer's GPUs, CUDA IPC handles instead of copies) belongs behind
+the same two calls; it is not built yet.
+
+This module imports torch only where it packs or unpacks, so the weight store (which only
+holds references and builds :class:`Published` handles) never imports it: a fresh store
+answers its first publish as fast as the others.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-Bucket = list[tuple[str, torch.Tensor]]
+    Bucket = list[tuple[str, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -50,16 +60,24 @@ class WeightTransport(Protocol):
 class ObjectStoreTransport:
     """Buckets as Ray objects owned by ``store`` (a ``WeightStore`` actor handle; None: owned by
     the calling process, for standalone use). ``publish`` returns a reference to the
-    :class:`Published` handle, itself owned by the store."""
+    :class:`Published` handle, itself owned by the store.
 
-    def __init__(self, store: Any | None = None) -> None:
-        self.store = store
+    With a store, ``source`` is the handle of the actor this transport lives in, whose
+    ``export(version, index)`` method must answer :meth:`export` (from a concurrency group of
+    its own: the publishing thread waits on the store meanwhile). A staged bucket holds views
+    of the caller's tensors, which must not change until ``publish`` returns."""
+
+    def __init__(self, store: Any | None = None, source: Any | None = None) -> None:
+        if store is not None and source is None:
+            raise ValueError("a transport through a weight store needs the source actor the store pulls from")
+        self.store, self.source = store, source
+        self.staged: tuple[int, int, Packed] | None = None
 
     def publish(self, version: int, buckets: Iterable[Bucket]) -> Any:
         import ray
 
         refs: list[Any] = []
-        n = size = 0
+        n = size = index = 0
         for b in buckets:
             if not b:
                 continue
@@ -69,69 +87,70 @@ class ObjectStoreTransport:
             if self.store is None:
                 refs.append(ray.put(packed))
             else:
-                refs.append(ray.get(self.store.put_bucket.remote(version, packed))[0])
+                self.staged = (version, index, packed)
+                try:  # returns once the bucket is in the object store: the views may change after
+                    ray.get(self.store.pull.remote(version, index, self.source))
+                finally:
+                    self.staged = None
+            index += 1
             del b, packed
-        handle = Published(version, refs, n, size)
         if self.store is None:
-            return ray.put(handle)
-        return ray.get(self.store.seal.remote(version, handle))[0]
+            return ray.put(Published(version, refs, n, size))
+        return ray.get(self.store.seal.remote(version, index, n, size))[0]
+
+    def export(self, version: int, index: int) -> tuple[int, Packed]:
+        """The staged bucket, for the store's pull: ``(index, bucket)`` (two return values, so
+        the store learns of an error from the small one without fetching the bucket)."""
+        staged = self.staged
+        if staged is None or staged[:2] != (version, index):
+            have = "nothing" if staged is None else f"bucket {staged[1]} of version {staged[0]}"
+            raise RuntimeError(f"bucket {index} of version {version} is not staged here ({have} is)")
+        return index, staged[2]
 
     def fetch(self, handle: Any) -> Iterator[tuple[str, torch.Tensor]]:
         yield from fetch(handle)
 
 
-Packed = tuple[Any, list[tuple[str, str, list[int], int]]]  # (flat uint8 numpy array, [(name, dtype, shape, offset)])
+Packed = list[tuple[str, str, list[int], Any]]  # [(name, dtype, shape, uint8 numpy array of its bytes)]
 
 
 def pack(bucket: Bucket) -> Packed:
-    """A bucket as one flat byte array plus each tensor's place in it: what goes on the wire.
+    """A bucket as each tensor's bytes (a uint8 numpy *view* of it: no copy) plus its name,
+    dtype and shape: what goes on the wire.
 
     Pickling a torch view sends its whole storage (a bucket of views into a 64 MiB buffer
     sent 64 MiB whatever it held: seen as the weight store filling Ray's object store at a
-    0.3M-parameter model); a numpy view sends only its own bytes, out of band. Tensors that
-    are consecutive views of one storage (``TrainCore.buckets``) are packed without a copy;
-    any others are copied into a new array."""
-    import numpy as np
+    0.3M-parameter model); a numpy view sends only its own bytes, and Ray writes them out of
+    band, straight into the object store. Only a tensor that is not a contiguous CPU tensor
+    is copied (to CPU, contiguous) first."""
+    import torch
 
-    if not bucket:
-        return np.empty(0, dtype=np.uint8), []
-    first = bucket[0][1]
-    storage = first.untyped_storage()
-    same = all(t.untyped_storage().data_ptr() == storage.data_ptr() and t.is_contiguous() for _, t in bucket)
-    entries: list[tuple[str, str, list[int], int]] = []
-    if same and first.device.type == "cpu":
-        lo = min(t.storage_offset() * t.element_size() for _, t in bucket)
-        hi = max((t.storage_offset() + t.numel()) * t.element_size() for _, t in bucket)
-        whole = torch.empty(0, dtype=torch.uint8).set_(storage)
-        for name, t in bucket:
-            entries.append((name, str(t.dtype).removeprefix("torch."), list(t.shape),
-                            t.storage_offset() * t.element_size() - lo))  # fmt: skip
-        return whole[lo:hi].numpy(), entries
-    offsets, off = [], 0
-    for _, t in bucket:  # each tensor at a 64-byte boundary: any dtype's view of it is aligned
-        offsets.append(off)
-        off += -(-(t.numel() * t.element_size()) // 64) * 64
-    flat = torch.empty(off, dtype=torch.uint8)
-    for (name, t), at in zip(bucket, offsets, strict=True):
-        n = t.numel() * t.element_size()
-        flat[at : at + n].copy_(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8))
-        entries.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), at))
-    return flat.numpy(), entries
+    out: Packed = []
+    for name, t in bucket:
+        t = t.detach()
+        if t.device.type != "cpu" or not t.is_contiguous():
+            t = t.cpu().contiguous()
+        raw = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+        out.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), raw.numpy()))
+    return out
 
 
 def unpack(packed: Packed) -> Iterator[tuple[str, torch.Tensor]]:
-    """The ``(name, tensor)`` pairs of a packed bucket, as views of its array (read-only when
-    it lives in Ray's object store: an engine copies them into its own parameters)."""
+    """The ``(name, tensor)`` pairs of a packed bucket, as views of its arrays (read-only when
+    they live in Ray's object store: an engine copies them into its own parameters)."""
     import warnings
 
-    flat, entries = packed
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
-        whole = torch.from_numpy(flat)
-    for name, dtype, shape, off in entries:
+    import torch
+
+    for name, dtype, shape, raw in packed:
         dt = getattr(torch, dtype)
-        n = math.prod(shape) * torch.empty(0, dtype=dt).element_size()
-        yield name, whole[off : off + n].view(dt).view(shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
+            flat = torch.from_numpy(raw)
+        if flat.numel() == 0:
+            yield name, torch.empty(shape, dtype=dt)
+            continue
+        yield name, flat.view(dt).view(shape)
 
 
 def fetch(handle: Any) -> Iterator[tuple[str, torch.Tensor]]:

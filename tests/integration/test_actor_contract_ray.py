@@ -1,5 +1,7 @@
-"""The actor layer's contract (tests/helpers/actor_contract.py) against real Ray: a local
-Ray instance of this test module's own (``address="local"``), shut down afterwards."""
+"""The actor layer's contract (tests/helpers/actor_contract.py) against real Ray, and the
+weight store's pull of published buckets (which only real Ray can show: who owns an
+object). A local Ray instance of this test module's own (``address="local"``), shut down
+afterwards."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 
 import pytest
 import ray
+import torch
 
 from resilient_rl.job.actors import RayActors
 from resilient_rl.local import ray_head_env
@@ -39,3 +42,47 @@ def ray_actors() -> Iterator[RayActors]:
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
 def test_ray_keeps_the_contract(ray_actors: RayActors, check: Any) -> None:
     check(ray_actors)
+
+
+def test_the_weight_store_pulls_buckets_it_owns_and_they_outlive_the_publisher(ray_actors: RayActors) -> None:
+    """The store pulls each bucket from the publisher's ``export`` (the caller of a method owns
+    its result), so a version stays fetchable after the publisher dies: what a rollout worker
+    needs while a trainer rank restarts."""
+    from resilient_rl.workers.transport import Published, fetch
+    from resilient_rl.workers.weights import WeightStore
+    from tests.helpers.weight_source import Publisher, weights
+
+    store = ray.remote(WeightStore).options(namespace="rrl-contract", num_cpus=0).remote()
+    pub = ray.remote(concurrency_groups={"export": 1})(Publisher).options(num_cpus=0).remote(store)
+    try:
+        handles = {v: ray.get(pub.publish.remote(v, 5), timeout=60)[0] for v in (1, 2)}
+        ray.kill(pub)  # the publisher (a trainer rank) is gone: its own objects would be too
+        for v, ref in handles.items():
+            handle = ray.get(ref, timeout=60)
+            assert isinstance(handle, Published) and handle.version == v
+            assert len(handle.buckets) == 4 and handle.tensors == 7  # 7 tensors, 2 per bucket
+            got = dict(fetch(handle))
+            want = weights(v, 5)
+            assert list(got) == list(want)
+            for k, t in want.items():
+                assert got[k].dtype == t.dtype and got[k].shape == t.shape and torch.equal(got[k], t), k
+        assert ray.get(store.get.remote(2), timeout=30) is not None
+    finally:
+        ray.kill(store)
+
+
+def test_a_pull_of_a_bucket_that_is_not_staged_names_what_is(ray_actors: RayActors) -> None:
+    from resilient_rl.workers.weights import WeightStore
+    from tests.helpers.weight_source import Publisher
+
+    store = ray.remote(WeightStore).options(namespace="rrl-contract", num_cpus=0).remote()
+    pub = ray.remote(concurrency_groups={"export": 1})(Publisher).options(num_cpus=0).remote(store)
+    try:
+        ray.get(pub.publish.remote(1, 1), timeout=60)  # a transport exists, nothing staged now
+        with pytest.raises(ray.exceptions.RayTaskError, match="bucket 0 of version 7 is not staged here"):
+            ray.get(store.pull.remote(7, 0, pub), timeout=60)
+        with pytest.raises(ray.exceptions.RayTaskError, match="sealed with 3 buckets but 0 arrived"):
+            ray.get(store.seal.remote(7, 3, 3, 12), timeout=60)
+    finally:
+        ray.kill(pub)
+        ray.kill(store)
