@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 
     Bucket = list[tuple[str, torch.Tensor]]
 
+#: Seconds a publish waits for the store to take one bucket, and the store for rank 0's export
+#: (a bucket of ``publish_bucket_mb`` crosses in well under a second; a stopped process never
+#: answers, and the step that publishes then fails instead of hanging).
+BUCKET_TIMEOUT_S = 300.0
+
 
 @dataclass(frozen=True)
 class Published:
@@ -89,14 +94,14 @@ class ObjectStoreTransport:
             else:
                 self.staged = (version, index, packed)
                 try:  # returns once the bucket is in the object store: the views may change after
-                    ray.get(self.store.pull.remote(version, index, self.source))
+                    ray.get(self.store.pull.remote(version, index, self.source), timeout=BUCKET_TIMEOUT_S)
                 finally:
                     self.staged = None
             index += 1
             del b, packed
         if self.store is None:
             return ray.put(Published(version, refs, n, size))
-        return ray.get(self.store.seal.remote(version, index, n, size))[0]
+        return ray.get(self.store.seal.remote(version, index, n, size), timeout=BUCKET_TIMEOUT_S)[0]
 
     def export(self, version: int, index: int) -> tuple[int, Packed]:
         """The staged bucket, for the store's pull: ``(index, bucket)`` (two return values, so
@@ -162,8 +167,8 @@ def fetch(handle: Any) -> Iterator[tuple[str, torch.Tensor]]:
     import ray
 
     if not isinstance(handle, Published):
-        handle = ray.get(handle)
+        handle = ray.get(handle, timeout=BUCKET_TIMEOUT_S)
     for ref in handle.buckets:
-        packed = ray.get(ref)
+        packed = ray.get(ref, timeout=BUCKET_TIMEOUT_S)
         yield from unpack(packed)
         del packed

@@ -34,8 +34,12 @@ class WeightStore:
         what the export raised."""
         import ray
 
+        from .transport import BUCKET_TIMEOUT_S
+
         status, ref = source.export.options(num_returns=2).remote(version, index)
-        got = ray.get(status)  # the small return value: the bucket itself stays where it was written
+        got = ray.get(
+            status, timeout=BUCKET_TIMEOUT_S
+        )  # the small return value: the bucket itself stays where it was written
         if got != index:
             raise RuntimeError(f"rank 0 exported bucket {got} of version {version} for bucket {index}")
         have = self._buckets.setdefault(version, [])
