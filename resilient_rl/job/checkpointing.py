@@ -44,10 +44,15 @@ class SnapshotFlow:
         self.step: int | None = None
         self.blocking_s = 0.0
 
+    def due(self, step: int) -> bool:
+        """Whether :meth:`maybe_start` would start a snapshot at ``step`` (none in flight, a
+        multiple of ``checkpoint.every``): the ranks must then not have moved past ``step``."""
+        return not self.waits and step % self.every == 0
+
     def maybe_start(self, step: int) -> None:
         """Called after step ``step - 1`` was committed (the ranks are at ``step``)."""
         A = self.actors
-        if self.waits or step % self.every:
+        if not self.due(step):
             return
         try:
             # a deadline: a frozen rank must not hold the step loop here (the loop's hang check catches it)

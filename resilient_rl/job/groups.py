@@ -375,13 +375,16 @@ class TrainerGroup:
             return None
         return dict(sh)
 
-    def adopt(self, k: int, world: int) -> tuple[int, dict[str, Any] | None, Any] | None:
+    def adopt(self, k: int, world: int) -> tuple[int, dict[int, dict[str, Any]], Any] | None:
         """Take over ranks left running by a previous leader (or an etcd outage).
 
-        Returns ``(step, last_result, weights)`` when ``world`` ranks of this job answer
-        with the same step, ``k`` (committed) or ``k + 1`` (trained, commit lost), else
-        None (the caller restarts the group). ``adopt`` on a rank waits for a train
-        step in progress, so the steps it reports are settled.
+        Returns ``(step, recent_results, weights)`` when ``world`` ranks of this job answer
+        with the same step: ``k`` (committed), ``k + 1`` (trained, commit lost) or ``k + 2``
+        (the previous leader sent step k+1 before it committed step k, see
+        ``JobRunner._committed``, and then lost both commits); ``recent_results`` is rank
+        0's results by step (its two newest). Else None (the caller restarts the group).
+        ``adopt`` on a rank waits for a train step in progress, so the steps it reports
+        are settled.
         """
         A = self.actors
         found = [A.find(name) for name in self.rank_names(world)]
@@ -415,7 +418,7 @@ class TrainerGroup:
             log.warning("job %s: trainer ranks run %s, the job wants %s: restarting them",
                         self.ctx.job, sorted(strategies), self.ctx.strategy())  # fmt: skip
             return None
-        if len(steps) != 1 or {x["world"] for x in status} != {world} or not steps <= {k, k + 1}:
+        if len(steps) != 1 or {x["world"] for x in status} != {world} or not steps <= {k, k + 1, k + 2}:
             log.warning("job %s: trainer ranks at steps %s (world %s), etcd says %d: restarting them",
                         self.ctx.job, sorted(steps), sorted({x["world"] for x in status}), k)  # fmt: skip
             return None
@@ -427,7 +430,7 @@ class TrainerGroup:
             ws = A.find(self.ctx.actor_name("weights", 0))
             kept = A.get(A.call(ws, "get", s)) if ws is not None else None
             weights = kept[0] if kept else self.publish()
-        return s, status[0]["last"], weights
+        return s, dict(status[0].get("recent") or {}), weights
 
     def start_retrying(self, k: int, world: int) -> Any:
         """:meth:`start`; a rank that dies meanwhile (node lost, OOM) costs one restart of the

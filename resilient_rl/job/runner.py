@@ -201,12 +201,12 @@ class JobRunner:
             self.trainers.kill()
             self.version, self.weights = k, self.trainers.start_retrying(k, self._want("trainer"))
         else:
-            s, last, self.weights = got
-            if s == k + 1:  # trained before the previous leader could commit: commit it once, now
-                shards = self.shards.journaled(k)
-                if shards is None or last is None:
-                    raise JobFailed(f"trainer ranks trained step {k} but its journal batch is incomplete")
-                self.committer.commit(k, last, shards, float(last.get("seconds") or 0.0))
+            s, recent, self.weights = got
+            while k < s:  # trained before the previous leader could commit (one or two steps): commit once, now
+                shards, r0 = self.shards.journaled(k), recent.get(k)
+                if shards is None or r0 is None:
+                    raise JobFailed(f"trainer ranks trained step {k} but its journal batch or result is missing")
+                self.committer.commit(k, r0, shards, float(r0.get("seconds") or 0.0))
                 self.ctx.event(Kind.COMMIT_RECOVERED, f"step {k} was trained but not committed by the "
                              "previous leader: committed now", step=k)  # fmt: skip
                 k += 1
@@ -239,6 +239,7 @@ class JobRunner:
             snaps.poll()
             for ref in ready:
                 rollouts.on_ready(ref)
+            shards.collect(ready, rollouts)  # before the step's outcome: the next batch may be complete now
             if train is not None:
                 done = self._train_outcome(train)
                 if done is _RESTARTED:
@@ -246,10 +247,9 @@ class JobRunner:
                     self.leases.reset()  # ranks replaced: their keys are new
                     continue
                 if done is not None:
-                    snaps = self._committed(train, done, time.monotonic() - t_step, snaps)
-                    k, train, t_step = k + 1, None, time.monotonic()
+                    snaps, train = self._committed(train, done, time.monotonic() - t_step, snaps)
+                    k, t_step = k + 1, time.monotonic()
             shards.watchdog(rollouts)
-            shards.collect(ready, rollouts)
         return snaps
 
     def _serve_rollouts(self) -> list[Any]:
@@ -395,15 +395,37 @@ class JobRunner:
         self.committer.hand_off(self.version, self.weights, self.rollouts)
         return None
 
-    def _committed(self, train: Training, results: Any, secs: float, snaps: SnapshotFlow) -> SnapshotFlow:
-        """Step ``train.step`` trained: commit it, hand the weights on, snapshot, resize the trainer."""
+    def _committed(
+        self, train: Training, results: Any, secs: float, snaps: SnapshotFlow
+    ) -> tuple[SnapshotFlow, Training | None]:
+        """Step ``train.step`` trained: hand the weights on, start what can overlap, commit it,
+        snapshot, resize the trainer. Returns the snapshot flow and step k+1 if it was sent.
+
+        Nothing waits on the fenced commit that need not (the issue's "nothing that can overlap
+        waits"): first the new weights go to the rollout workers and the shards they allow are
+        sent, and step k+1 is sent to the ranks if its batch is journaled (``max_staleness``
+        >= 1) and the ranks need not stay at k+1 (no snapshot due there, no resize asked,
+        not the last step). Then the commit of k. Order is kept where it matters: commit k
+        lands before commit k+1 (this thread makes both, and k+1 is taken in only on a later
+        pass); what was sent before the commit is harmless if it never lands: the weights
+        k+1 are what any replay of the journaled batch k makes again (bit-exact), and ranks
+        found at k+2 by the next leader get both commits from their results
+        (``TrainerGroup.adopt``)."""
         k = train.step
-        metrics = self.committer.commit(k, results[0], self.shards.take(k), secs, [r.get("sketch") for r in results])
         self.version, self.weights = k + 1, results[0]["weights"]
         self.committer.hand_off(self.version, self.weights, self.rollouts)
-        snaps.maybe_start(k + 1)
+        self.shards.plan(self.version)
+        self.shards.dispatch(self.rollouts)
         want, strategy = self._want("trainer"), self._strategy()
-        if (want != self.trainers.world or strategy != self.trainers.strategy) and k + 1 < self.spec.steps:
+        resize = want != self.trainers.world or strategy != self.trainers.strategy
+        nxt = None
+        if not resize and not snaps.due(k + 1) and k + 1 < self.spec.steps and self.paused is None:
+            self.shards.write_batches()
+            if (batch := self.shards.batch(k + 1)) is not None:
+                nxt = self._train(k + 1, batch)
+        metrics = self.committer.commit(k, results[0], self.shards.take(k), secs, [r.get("sketch") for r in results])
+        snaps.maybe_start(k + 1)
+        if resize and k + 1 < self.spec.steps:
             snaps.poll(block=True)
             change = [f"world size {self.trainers.world} -> {want}"] if want != self.trainers.world else []
             if strategy != self.trainers.strategy:
@@ -414,7 +436,7 @@ class JobRunner:
             self.leases.reset()
         self.faults.committed(k)
         log.info("job %s step %d committed: reward %.3f", self.job, k, metrics["reward"])
-        return snaps
+        return snaps, nxt
 
     def _commit(self, k: int, r0: dict[str, Any], shards: dict[int, dict[str, Any]], secs: float) -> dict[str, Any]:
         return self.committer.commit(k, r0, shards, secs)

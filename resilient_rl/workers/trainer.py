@@ -125,6 +125,9 @@ class TrainerRank:
         self._pending: tuple[PendingSnapshot | str, Path, int, float] | None = None
         self.fence = 0  # newest leader token seen (see check_fence)
         self.last: dict[str, Any] | None = None  # the result of the newest train_step
+        # the results of the two newest train steps, by step: a leader may dispatch step k+1
+        # before it commits step k (runner._committed), so the next leader may find both uncommitted
+        self.recent: dict[int, dict[str, Any]] = {}
         self._training: int | None = None  # the step a train_step is working on (read by adopt)
         self._rendezvous: Any = None  # rank 0: the process group's TCPStore, held from address() on
         self._shadow_buf: dict[str, torch.Tensor] = {}  # staging of the shadow copy, reused
@@ -212,10 +215,11 @@ class TrainerRank:
             self._pending = None
         busy = self._training is not None
         last = None
+        recent = {} if busy else dict(self.recent)
         if self.last is not None and not busy:
             last = {k: v for k, v in self.last.items() if k != "weights"}
         sketch = self.core.sketch() if self.core is not None and not busy else None
-        return {"rank": self.rank, "world": self.world, "step": self.step, "pid": os.getpid(), "last": last,
+        return {"rank": self.rank, "world": self.world, "step": self.step, "pid": os.getpid(), "last": last, "recent": recent,
                 "busy": busy, "strategy": self.strategy, "sketch": sketch}  # fmt: skip
 
     def address(self, fresh: bool = False) -> tuple[str, int]:
@@ -483,6 +487,9 @@ class TrainerRank:
             if self.rank == 0:
                 out["weights"] = weights
         self.last = out
+        self.recent[step] = {k: v for k, v in out.items() if k != "weights"}
+        for gone in sorted(self.recent)[:-2]:
+            del self.recent[gone]
         return out
 
     def _shadow(self) -> None:

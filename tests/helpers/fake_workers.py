@@ -207,6 +207,7 @@ class FakeTrainer:
         self.applied: list[int] = []
         self.fence = 0
         self.last: dict[str, Any] | None = None
+        self.recent: dict[int, dict[str, Any]] = {}  # the two newest results by step, as TrainerRank keeps
         self.training: int | None = None
         self.pending: int | None = None
 
@@ -320,7 +321,7 @@ class FakeTrainer:
             self._script.drift.discard(self.rank)
             sketch = f"{sketch}~"
         return {"rank": self.rank, "world": self.world, "step": self.step, "pid": self.serial,
-                "last": None if busy else self.last, "busy": busy, "strategy": self.strategy,
+                "last": None if busy else self.last, "recent": {} if busy else dict(self.recent), "busy": busy, "strategy": self.strategy,
                 "sketch": sketch}  # fmt: skip
 
     def _sketch(self) -> str:
@@ -368,6 +369,9 @@ class FakeTrainer:
             if self.rank == 0 and publish:
                 out["weights"] = ("weights", self.step)
             self.last = {k: v for k, v in out.items() if k != "weights"}
+            self.recent[step] = self.last
+            for gone in sorted(self.recent)[:-2]:
+                del self.recent[gone]
             return out
         finally:
             self.training = None

@@ -20,6 +20,7 @@ import pytest
 
 from checkpoints.journal import Journal
 from checkpoints.snapshots import snapshot_dir
+from controller import steplog
 from controller.http import views
 from controller.jobs import JobRecord
 from resilient_rl.job.runner import JobRunner
@@ -777,3 +778,105 @@ def test_a_new_leader_takes_over_the_idle_trainer_spare_and_a_fault_right_after_
     assert restart["recovery"] == "hot" and job.events("trainer_recovered")[0]["spares_used"] == 1
     assert script.promoted == [spare.obj.serial]  # the previous leader's spare, adopted, then promoted
     assert _digest_of_final_weights(job) == "0,1,2,3,4,5,6,7"
+
+
+# -- the pipelined hand-offs (runner._committed): what is sent before the commit of step k --
+
+
+def _commit_hook(job: Job, hook: Any) -> None:
+    """Call ``hook(k)`` just before the fenced commit of step k reaches the record."""
+    orig = job.c.update_state
+
+    def update_state(jobid: str, expect: Any = None, **changes: Any) -> dict[str, Any]:
+        if "policy_version" in changes and "reward" in changes:
+            hook(int(changes["step"]) - 1)
+        return orig(jobid, expect, **changes)
+
+    job.c.update_state = update_state  # type: ignore[method-assign]
+
+
+def test_with_staleness_the_next_step_is_sent_before_the_commit_and_commits_stay_in_order(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(train_delay_s=0.05), steps=6, **{"async": {"max_staleness": 1}},
+              checkpoint={"every": 100})  # fmt: skip
+    seen: list[tuple[int, int]] = []  # (step, committed step) when rank 0 starts training it
+    job.script.on_train = lambda step, rank: seen.append((step, int(job.c.state["step"]))) if rank == 0 else None
+    _commit_hook(job, lambda k: time.sleep(0.1))  # a slow etcd: the next step need not wait for it
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    early = [step for step, committed in seen if committed == step - 1]
+    assert early and early == sorted(early)  # steps that started while the one before was still uncommitted
+    commits = [w["step"] for w in job.c.writes if "policy_version" in w and "reward" in w]
+    assert commits == [1, 2, 3, 4, 5, 6] and _digest_of_final_weights(job) == "0,1,2,3,4,5"
+    assert job.steps_trained() == Counter({(s, r): 1 for s in range(6) for r in range(2)})
+
+
+def test_no_step_is_sent_early_into_a_snapshot_that_is_due(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(train_delay_s=0.05), steps=6, **{"async": {"max_staleness": 1}},
+              checkpoint={"every": 2})  # fmt: skip
+    seen: list[tuple[int, int]] = []
+    job.script.on_train = lambda step, rank: seen.append((step, int(job.c.state["step"]))) if rank == 0 else None
+    _commit_hook(job, lambda k: time.sleep(0.1))
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert sorted(job.c.records) == [2, 4, 6]  # each snapshot at its step (the ranks waited there)
+    early = {step for step, committed in seen if committed == step - 1}
+    assert early and not early & {2, 4}  # sent early only where no snapshot was due
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5"
+
+
+def test_a_leader_lost_at_a_commit_after_sending_the_next_step_has_both_committed_once_by_the_next(
+    tmp_path: Path,
+) -> None:
+    """The fault after the publish and the hand-off, before the commit: the ranks go on to
+    step k+2 with no leader; the next leader finds them there and commits k and k+1 from their
+    results, once each; what the workers generated with the uncommitted version is kept."""
+    job = Job(tmp_path, Script(train_delay_s=0.1), steps=6, **{"async": {"max_staleness": 1}},
+              checkpoint={"every": 100})  # fmt: skip
+
+    def lose_lead(k: int) -> None:
+        if k == 2 and job.c.token == 2:  # the first runner's term, at the commit of step 2
+            job.c.leads = False
+
+    _commit_hook(job, lose_lead)
+    first = job.lead()
+    first._thread.join(20)
+    assert not first._thread.is_alive() and job.c.state["step"] == 2
+    job.wait(lambda: (3, 0) in {(s, r) for s, r, _ in job.script.trained})  # step 3 was sent before the commit
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert [e["step"] for e in job.events("commit_recovered")] == [2, 3]
+    assert job.created("trainer") == ["rrl:drv:trainer:0", "rrl:drv:trainer:1"]  # adopted at step 4, not restarted
+    assert job.steps_trained() == Counter({(s, r): 1 for s in range(6) for r in range(2)})
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5"
+    lines = steplog.read(tmp_path / "work" / "metrics.jsonl", committed=6)
+    assert [x["step"] for x in lines] == [0, 1, 2, 3, 4, 5]  # one line per step, as every reader sees it
+    journal = Journal(tmp_path / "work" / "journal")
+    for k in range(6):
+        assert {s["version"] for s in journal.read_batch(k)} <= {k - 1, k}  # the staleness bound held
+
+
+def test_a_rank_lost_in_a_step_sent_before_the_commit_is_recovered_after_that_commit(tmp_path: Path) -> None:
+    """The fault right after rank 0 returns step k: step k+1, already sent, loses a rank.
+    Step k is committed first (the outcome of k+1 is only read on a later pass); then the
+    group recovers at k+1 and applies it once."""
+    job = Job(tmp_path, Script(collective=True, train_delay_s=0.05), steps=6, **{"async": {"max_staleness": 1}},
+              checkpoint={"every": 100})  # fmt: skip
+    seen: list[tuple[int, int]] = []
+
+    def on_train(step: int, rank: int) -> None:
+        if rank == 0:
+            seen.append((step, int(job.c.state["step"])))
+
+    job.script.on_train = on_train
+    _commit_hook(job, lambda k: time.sleep(0.1))
+    job.script.kill_rank_at = {(3, 1)}
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (restart,) = job.events("trainer_restart")
+    assert restart["step"] == 3 and restart["recovery"] == "hot"
+    assert (3, 2) in seen  # step 3 was sent while step 2 was uncommitted ...
+    assert job.c.writes.index(next(w for w in job.c.writes if w.get("step") == 3 and "reward" in w)) < next(
+        i for i, w in enumerate(job.c.writes) if "trainer_epoch" in w
+    )  # ... and step 2 committed before the recovery
+    assert job.steps_trained() == Counter({(s, r): 1 for s in range(6) for r in range(2)})
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5"
