@@ -531,6 +531,21 @@ def main(argv: list[str] | None = None) -> int:
         if bare_step:
             summaries[f"{size}/bare_step_s"] = summary(bare_step)
             print(f"{size}: bare step {fmt(bare_step, 3)} s", flush=True)
+            # what overlapping generation with training could reach at best, per repeat: the bare
+            # step over its longer half (generate, or train + weight load); s=1 is held against it
+            limits = {
+                r["repeat"]: r["phases_mean"]["step_s"]
+                / max(r["phases_mean"]["generate_s"], r["phases_mean"]["train_s"] + r["phases_mean"]["sync_s"])
+                for r in runs
+                if r["size"] == size and r["variant"] == "bare"
+            }
+            s1 = [r for r in runs if r["size"] == size and r["variant"] == "rrl s=1" and r["repeat"] in limits]
+            if s1:
+                of_limit = [r["steps_per_s"] / bare[r["repeat"]] / limits[r["repeat"]] for r in s1]
+                summaries[f"{size}/overlap_limit"] = summary(list(limits.values()))
+                summaries[f"{size}/s1_of_overlap_limit"] = summary(of_limit)
+                print(f"{size}: overlap limit (bare step / max(generate, train + load)) {fmt(list(limits.values()))}; "
+                      f"rrl s=1 / bare = {fmt(of_limit)} x the limit", flush=True)  # fmt: skip
     md = table(["size", "variant", "steps/s", "ratio to bare"], rows)
     print(f"\n{md}\n", flush=True)
     path = save(

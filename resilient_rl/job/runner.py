@@ -12,7 +12,9 @@
 The controller never holds tensors or trajectories: it passes shard
 references and object-store references. Rollouts for steps up to
 ``policy_version + max_staleness`` are dispatched while the trainer trains, so
-with ``max_staleness: s`` generation runs up to s steps ahead.
+with ``max_staleness: s`` generation runs up to s steps ahead; and what can overlap
+the fenced commit of a step (the weight hand-off, the next shards, with s >= 1 the
+next train step) is sent before it (see :meth:`JobRunner._committed`).
 
 Runs in its own thread inside the leader controller process; every etcd
 write goes through the controller's fenced helpers, so a deposed leader's
