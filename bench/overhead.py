@@ -64,7 +64,7 @@ from typing import Any
 from bench.common import ROOT, fmt, job_metrics, local_platform, machine, machine_line, run_job, save, summary, table
 
 #: ``checkpoint.every`` for the rrl runs: beyond any step, so no snapshot is taken (the bare loop takes none).
-NO_SNAPSHOT = 10**9
+NO_SNAPSHOT = 10_000_000  # the bound of checkpoint.every (spec.py)
 #: py-spy samples per second (rrl profile)
 PYSPY_RATE = 100
 
@@ -332,6 +332,7 @@ def run_rrl(client: Any, home: Path, spec: dict[str, Any], warmup: int) -> dict[
         "steps_per_s": steady_rate(stamps, warmup),
         "step_seconds_mean": statistics.fmean(float(r["step_seconds"]) for r in steady) if steady else math.nan,
         "generate_s_mean": journal_generate_s(home, spec["name"], warmup),
+        "critical_path_ms": critical_path(home, spec["name"], warmup),
     }
 
 
@@ -403,6 +404,56 @@ def step_timeline(home: Path, name: str, warmup: int) -> str:
     lines = [f"rrl step timeline (mean s over {len(parts['to shard written'])} steps, from the previous commit):"]
     lines += [f"  {k:20s} {statistics.fmean(v):.3f}" for k, v in parts.items() if v]
     return "\n".join(lines)
+
+
+#: The hand-offs of one step on the on-policy critical path, from the metrics line's ``trace``
+#: (``JobRunner._committed``, ``TrainerRank._train_step``) and the journal's file times: each
+#: is (label, from, to); "prev:" names the previous step's trace.
+HAND_OFFS: tuple[tuple[str, str, str], ...] = (
+    ("weights out -> last shard journaled (load, generate, write)", "prev:handed_off", "shard"),
+    ("-> batch manifest journaled", "shard", "batch"),
+    ("-> train_step sent (the runner notices)", "batch", "sent"),
+    ("-> rank starts the step (call delivery)", "sent", "start"),
+    ("journal read", "start", "read"),
+    ("train", "read", "trained"),
+    ("membership, shadow, sketch", "trained", "bookkept"),
+    ("publish (the store pulls the buckets)", "bookkept", "published"),
+    ("-> result seen by the runner", "published", "seen"),
+    ("-> weights handed off, next shards sent", "seen", "handed_off"),
+)
+
+
+def critical_path(home: Path, name: str, warmup: int) -> dict[str, float]:
+    """Mean milliseconds per hand-off of a step (see HAND_OFFS), over the steps after the
+    warm-up; ``step`` is their sum (one step's period: hand-off to hand-off) and ``commit
+    behind`` how long the fenced commit's line took after the hand-off (off the path)."""
+    rows = {int(r["step"]): r for r in job_metrics(home, name)}
+    journal = home / "jobs" / name / "journal"
+    parts: dict[str, list[float]] = {label: [] for label, _, _ in HAND_OFFS}
+    parts["step"], parts["commit behind (line written)"] = [], []
+    for k in sorted(rows):
+        tr, prev = rows[k].get("trace"), (rows.get(k - 1) or {}).get("trace")
+        if k < warmup or not tr or not prev:
+            continue
+        shards = list((journal / f"step-{k:08d}").glob("shard-*.json"))
+        batch = journal / f"step-{k:08d}" / "batch.json"
+        if not shards or not batch.exists():
+            continue
+        t = {**tr, "shard": max(f.stat().st_mtime for f in shards), "batch": batch.stat().st_mtime}
+        t.update({f"prev:{key}": v for key, v in prev.items()})
+        if any(a not in t or b not in t for _, a, b in HAND_OFFS):
+            continue
+        for label, a, b in HAND_OFFS:
+            parts[label].append(1e3 * (t[b] - t[a]))
+        parts["step"].append(1e3 * (t["handed_off"] - t["prev:handed_off"]))
+        parts["commit behind (line written)"].append(1e3 * (float(rows[k]["time"]) - t["handed_off"]))
+    return {k: statistics.fmean(v) for k, v in parts.items() if v}
+
+
+def critical_path_text(budget: dict[str, float]) -> str:
+    if not budget:
+        return "  (no traced steps)"
+    return "\n".join(f"    {k:58s} {v:8.1f} ms" for k, v in budget.items())
 
 
 def top_frames(folded: Path, wall_samples: int, n: int = 25) -> str:
@@ -505,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
                             res = run_rrl(client, tmp / "home", spec, args.warmup)
                             extra = (
                                 f"; mean step_seconds {res['step_seconds_mean']:.3f}, "
-                                f"shard generate {res['generate_s_mean']:.3f} s"
+                                f"shard generate {res['generate_s_mean']:.3f} s; per step (mean):\n"
+                                f"{critical_path_text(res['critical_path_ms'])}"
                             )
                         res.update(size=size, variant=variant, repeat=rep, steps=steps[size])
                         runs.append(res)

@@ -42,10 +42,13 @@ class StepCommitter:
         shards: dict[int, dict[str, Any]],
         secs: float,
         sketches: list[str | None] | None = None,
+        trace: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Record step k's metrics line, then commit k in etcd (fenced; refuses a double apply).
         The commit records each rank's state sketch after the step (``state_sketch``, rank
-        order; rank 0's alone when only its result is known): see ``TrainCore.sketch``."""
+        order; rank 0's alone when only its result is known): see ``TrainCore.sketch``.
+        ``trace``: wall-clock times of the step's hand-offs (``JobRunner._committed``), kept
+        in the line only (``bench overhead`` reads it: where a step's time goes)."""
         tokens = sum(x["tokens"] for x in shards.values())
         metrics = {
             "step": k,
@@ -61,7 +64,10 @@ class StepCommitter:
         self.ctx.check_leader()
         # the line first: a leader killed between the two writes must not lose a committed step's
         # line; a line without its commit is dropped by every reader (controller/steplog.py)
-        self.ctx.append_metrics({**metrics, "time": time.time()})
+        line = {**metrics, "time": time.time()}
+        if trace:
+            line["trace"] = {k: round(v, 4) for k, v in trace.items() if isinstance(v, float)}
+        self.ctx.append_metrics(line)
         self.ctx.update_state(
             expect=lambda cur: committable(cur, k),
             step=k + 1,

@@ -64,6 +64,7 @@ class Training:
     step: int
     refs: list[Any]
     sent: float  # monotonic (moved on by time this process did not run)
+    sent_at: float = 0.0  # wall clock, for the metrics line's trace
 
 
 class JobRunner:
@@ -295,7 +296,7 @@ class JobRunner:
         self.committer.check_staleness(k, batch)
         A = self.actors
         return Training(k, [A.call(t, "train_step", k, True, self.token) for t in self.trainers.ranks],
-                        time.monotonic())  # fmt: skip
+                        time.monotonic(), time.time())  # fmt: skip
 
     def _wait(self, watched: list[Any]) -> list[Any]:
         """Block until something happened (at most 1 s), then take *everything* ready (no starvation)."""
@@ -414,6 +415,7 @@ class JobRunner:
         found at k+2 by the next leader get both commits from their results
         (``TrainerGroup.adopt``)."""
         k = train.step
+        seen = time.time()
         self.version, self.weights = k + 1, results[0]["weights"]
         self.committer.hand_off(self.version, self.weights, self.rollouts)
         self.shards.plan(self.version)
@@ -425,7 +427,10 @@ class JobRunner:
             self.shards.write_batches()
             if (batch := self.shards.batch(k + 1)) is not None:
                 nxt = self._train(k + 1, batch)
-        metrics = self.committer.commit(k, results[0], self.shards.take(k), secs, [r.get("sketch") for r in results])
+        trace = {**(results[0].get("trace") or {}), "sent": train.sent_at, "seen": seen, "handed_off": time.time(),
+                 "next_sent": nxt.sent_at if nxt else None}  # fmt: skip
+        metrics = self.committer.commit(k, results[0], self.shards.take(k), secs, [r.get("sketch") for r in results],
+                                        trace)  # fmt: skip
         snaps.maybe_start(k + 1)
         if resize and k + 1 < self.spec.steps:
             snaps.poll(block=True)

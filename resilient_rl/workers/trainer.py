@@ -476,16 +476,23 @@ class TrainerRank:
 
     def _train_step(self, step: int, publish: bool) -> dict[str, Any]:
         assert self.core is not None
+        t_start = time.time()
         samples = self.journal.read_batch(step)  # the batch order is (shard, position): the same on every rank
+        t_read = time.time()
         stats = self.core.train(samples)
+        t_trained = time.time()
         self.member.update(step=self.step, version=self.step)
         self._shadow()
         out: dict[str, Any] = {"rank": self.rank, "step": step, **stats, "shadow_blocking_s": self.shadow_blocking_s,
                                "sketch": self.core.sketch()}  # fmt: skip
+        t_done = time.time()
         if publish:
             weights = self._put_weights()
             if self.rank == 0:
                 out["weights"] = weights
+        if self.rank == 0:  # wall-clock times of the step's parts (the metrics line's trace: where a step goes)
+            out["trace"] = {"start": t_start, "read": t_read, "trained": t_trained, "bookkept": t_done,
+                            "published": time.time()}  # fmt: skip
         self.last = out
         self.recent[step] = {k: v for k, v in out.items() if k != "weights"}
         for gone in sorted(self.recent)[:-2]:
