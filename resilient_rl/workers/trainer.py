@@ -219,8 +219,8 @@ class TrainerRank:
         if self.last is not None and not busy:
             last = {k: v for k, v in self.last.items() if k != "weights"}
         sketch = self.core.sketch() if self.core is not None and not busy else None
-        return {"rank": self.rank, "world": self.world, "step": self.step, "pid": os.getpid(), "last": last, "recent": recent,
-                "busy": busy, "strategy": self.strategy, "sketch": sketch}  # fmt: skip
+        return {"rank": self.rank, "world": self.world, "step": self.step, "pid": os.getpid(), "last": last,
+                "recent": recent, "busy": busy, "strategy": self.strategy, "sketch": sketch}  # fmt: skip
 
     def address(self, fresh: bool = False) -> tuple[str, int]:
         """Where the process group's rendezvous store listens: this rank's node IP and the port

@@ -37,9 +37,8 @@ class WeightStore:
         from .transport import BUCKET_TIMEOUT_S
 
         status, ref = source.export.options(num_returns=2).remote(version, index)
-        got = ray.get(
-            status, timeout=BUCKET_TIMEOUT_S
-        )  # the small return value: the bucket itself stays where it was written
+        # the small return value only: the bucket itself stays where rank 0 wrote it
+        got = ray.get(status, timeout=BUCKET_TIMEOUT_S)
         if got != index:
             raise RuntimeError(f"rank 0 exported bucket {got} of version {version} for bucket {index}")
         have = self._buckets.setdefault(version, [])
