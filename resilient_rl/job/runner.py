@@ -58,6 +58,17 @@ _RESTARTED = object()  # a train step's outcome: the trainer group was restarted
 
 
 @dataclass
+class WholeThenLost:
+    """A train step's outcome: rank 0 returned the step, so every collective of it ended (a
+    DDP step cannot complete on rank 0 without its peers' gradients), and a peer died after
+    them. The step is committed from rank 0's result; then the group recovers at the next."""
+
+    results: list[dict[str, Any]]
+    error: BaseException
+    why: str
+
+
+@dataclass
 class Training:
     """A train step in flight: its step, the ranks' call references, when it was sent."""
 
@@ -245,6 +256,14 @@ class JobRunner:
             shards.collect(ready, rollouts)  # before the step's outcome: the next batch may be complete now
             if train is not None:
                 done = self._train_outcome(train)
+                if isinstance(done, WholeThenLost):
+                    snaps, _ = self._committed(train, done.results, time.monotonic() - t_step, snaps, whole=False)
+                    k, t_step = k + 1, time.monotonic()
+                    self.faults.detected(
+                        classify("trainer", error=done.error)
+                    )  # after the commit: it is not a recovery
+                    self._recover(Training(k, train.refs, train.sent, train.sent_at), done.why, "lost", lost=True)
+                    done = _RESTARTED
                 if done is _RESTARTED:
                     train, snaps = None, SnapshotFlow(self.ctx, self.trainers)
                     self.leases.reset()  # ranks replaced: their keys are new
@@ -306,13 +325,17 @@ class JobRunner:
         self.actors.wait(watched, num_returns=1, timeout=1.0)
         return self.actors.wait(watched, num_returns=len(watched), timeout=0)[0]
 
-    def _train_outcome(self, train: Training) -> list[dict[str, Any]] | object | None:
+    def _train_outcome(self, train: Training) -> list[dict[str, Any]] | WholeThenLost | object | None:
         """The ranks' results once all are in; ``_RESTARTED`` if a rank died or hangs (the group
-        was restarted at the same step); None while the step runs."""
+        was restarted at the same step); :class:`WholeThenLost` if a rank died after the step's
+        collectives (rank 0's result came back); None while the step runs."""
         A = self.actors
         finished, unfinished = A.wait(train.refs, num_returns=len(train.refs), timeout=0)
         lost = _actor_error(A, finished)
         hung = self._trainer_hung(train.sent) if lost is None and unfinished else None
+        if lost is not None and (r0 := self._whole_on_rank0(train)) is not None:
+            return WholeThenLost([r0], lost, f"trainer rank lost ({type(lost).__name__}) after step {train.step} "
+                                 "was whole on rank 0")  # fmt: skip
         if lost is not None or hung is not None:  # a rank died or hangs (its peers wait in a collective)
             self.faults.detected(classify("trainer", error=lost, hung=hung is not None))
             why = f"trainer rank lost ({type(lost).__name__})" if lost is not None else hung
@@ -322,16 +345,7 @@ class JobRunner:
                 A.kill(self.trainers.ranks[0])
                 A.wait(train.refs, num_returns=len(train.refs), timeout=10.0)
                 lost = _actor_error(A, train.refs)
-            if lost is not None:
-                hot = self._recover_hot(train, str(why))
-                if hot is None:  # the same ranks but the lost ones: step k is trained again
-                    hot = self._publish_again()
-                    if hot is None:
-                        return _RESTARTED
-                if hot:
-                    why, cause = f"{why}; hot recovery failed ({hot})", "hot_failed"
-            w = self.trainers.restart(train.step, self.trainers.world, str(why), cause=cause)
-            self.weights = w if w is not None else self.weights  # re-published: the old owner may be gone
+            self._recover(train, str(why), cause, lost=lost is not None)
             return _RESTARTED
         if unfinished:
             return None
@@ -342,6 +356,37 @@ class JobRunner:
             raise
         self.slowest_train_s = max(self.slowest_train_s, time.monotonic() - train.sent)
         return results
+
+    def _recover(self, train: Training, why: str, cause: str, *, lost: bool) -> None:
+        """Bring the trainer group back at step ``train.step`` (to be trained next): hot for a lost
+        rank when it can (see :meth:`_recover_hot`), else the cold path restarts the group."""
+        if lost:
+            hot = self._recover_hot(train, why)
+            if hot is None:  # the same ranks but the lost ones: the step is trained (again)
+                hot = self._publish_again()
+                if hot is None:
+                    return
+            if hot:
+                why, cause = f"{why}; hot recovery failed ({hot})", "hot_failed"
+        w = self.trainers.restart(train.step, self.trainers.world, why, cause=cause)
+        self.weights = w if w is not None else self.weights  # re-published: the old owner may be gone
+
+    def _whole_on_rank0(self, train: Training) -> dict[str, Any] | None:
+        """Rank 0's result of ``train`` if it returns one although a peer died (the peer died
+        after the step's last collective), else None. Only where the hot path could follow
+        (ddp, world > 1); waits for rank 0's call as long as the hot path waits for survivors."""
+        t = self.trainers
+        if not self.spec.trainer.hot_recovery or t.world == 1 or t.strategy != "ddp":
+            return None
+        A = self.actors
+        wait_s = max(10.0, float(self.spec.fault.lease_ttl), 2.0 * self.slowest_train_s)
+        A.wait(train.refs[:1], num_returns=1, timeout=wait_s)
+        try:
+            r0: dict[str, Any] = A.get(train.refs[0], timeout=0)
+        except Exception as e:
+            self.ctx.raise_if_stale(e)
+            return None
+        return r0
 
     def _lease_lost(self, training: bool) -> bool:
         """The membership channel, read once a second on every pass (so that every rank's key is
@@ -399,7 +444,7 @@ class JobRunner:
         return None
 
     def _committed(
-        self, train: Training, results: Any, secs: float, snaps: SnapshotFlow
+        self, train: Training, results: Any, secs: float, snaps: SnapshotFlow, *, whole: bool = True
     ) -> tuple[SnapshotFlow, Training | None]:
         """Step ``train.step`` trained: hand the weights on, start what can overlap, commit it,
         snapshot, resize the trainer. Returns the snapshot flow and step k+1 if it was sent.
@@ -413,7 +458,8 @@ class JobRunner:
         pass); what was sent before the commit is harmless if it never lands: the weights
         k+1 are what any replay of the journaled batch k makes again (bit-exact), and ranks
         found at k+2 by the next leader get both commits from their results
-        (``TrainerGroup.adopt``)."""
+        (``TrainerGroup.adopt``). ``whole=False``: a rank was lost after the step (see
+        :class:`WholeThenLost`): only the hand-off and the commit; the recovery comes next."""
         k = train.step
         seen = time.time()
         self.version, self.weights = k + 1, results[0]["weights"]
@@ -421,9 +467,9 @@ class JobRunner:
         self.shards.plan(self.version)
         self.shards.dispatch(self.rollouts)
         want, strategy = self._want("trainer"), self._strategy()
-        resize = want != self.trainers.world or strategy != self.trainers.strategy
+        resize = whole and (want != self.trainers.world or strategy != self.trainers.strategy)
         nxt = None
-        if not resize and not snaps.due(k + 1) and k + 1 < self.spec.steps and self.paused is None:
+        if whole and not resize and not snaps.due(k + 1) and k + 1 < self.spec.steps and self.paused is None:
             self.shards.write_batches()
             if (batch := self.shards.batch(k + 1)) is not None:
                 nxt = self._train(k + 1, batch)
@@ -431,7 +477,8 @@ class JobRunner:
                  "next_sent": nxt.sent_at if nxt else None}  # fmt: skip
         metrics = self.committer.commit(k, results[0], self.shards.take(k), secs, [r.get("sketch") for r in results],
                                         trace)  # fmt: skip
-        snaps.maybe_start(k + 1)
+        if whole:
+            snaps.maybe_start(k + 1)
         if resize and k + 1 < self.spec.steps:
             snaps.poll(block=True)
             change = [f"world size {self.trainers.world} -> {want}"] if want != self.trainers.world else []

@@ -42,6 +42,8 @@ class Script:
     kill_rollout_at: set[tuple[int, int]] = field(default_factory=set)  # (step, shard): its worker dies mid-shard
     hang_rollout_at: set[tuple[int, int]] = field(default_factory=set)  # (step, shard): its worker stops answering
     kill_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank dies in train_step
+    # (step, rank): that rank dies after the step's collective, having applied it, before it returns
+    kill_rank_after: set[tuple[int, int]] = field(default_factory=set)
     hang_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank hangs in train_step
     fail_start: int = 0  # trainer ranks that die in setup (each one counts down)
     unreachable_start: int = 0  # trainer ranks whose setup finds them unreachable (ActorUnavailableError)
@@ -363,6 +365,8 @@ class FakeTrainer:
             self.step = step + 1
             with s.lock:
                 s.trained.append((step, self.rank, self.serial))
+            if s.fire(s.kill_rank_after, (step, self.rank)):
+                _die(self)
             out: dict[str, Any] = {"rank": self.rank, "step": step, "loss": 0.0, "samples": len(samples),
                                    "reward_mean": sum(x["reward"] for x in samples) / len(samples),
                                    "sketch": self._sketch()}  # fmt: skip

@@ -146,7 +146,7 @@ def test_a_step_trained_but_not_committed_is_committed_once_by_the_next_leader(t
 
 
 def test_a_rank_lost_mid_step_restarts_the_group_from_the_snapshot_and_replays(tmp_path: Path) -> None:
-    job = Job(tmp_path, Script(kill_rank_at={(3, 1)}), steps=5)
+    job = Job(tmp_path, Script(kill_rank_at={(3, 0)}), steps=5)  # no collective: rank 1 goes on to step 4
     job.lead()
     assert job.finish() == "SUCCEEDED"
     (restart,) = job.events("trainer_restart")
@@ -409,8 +409,8 @@ def test_stop_waits_for_a_write_under_way_and_refuses_every_later_one(tmp_path: 
 
 
 def test_a_rank_that_dies_while_starting_is_started_again_after_a_backoff(tmp_path: Path) -> None:
-    job = Job(tmp_path, Script(kill_rank_at={(2, 1)}), steps=4)
-    job.script.on_train = lambda s, r: setattr(job.script, "fail_start", 1) if (s, r) == (2, 1) else None
+    job = Job(tmp_path, Script(kill_rank_at={(2, 0)}), steps=4)  # rank 0: no result of step 2, so the cold path
+    job.script.on_train = lambda s, r: setattr(job.script, "fail_start", 1) if (s, r) == (2, 0) else None
     job.lead()
     assert job.finish() == "SUCCEEDED"
     (failed,) = [e for e in job.events("trainer_restart") if e["cause"] == "start_failed"]
@@ -532,8 +532,10 @@ def test_a_spare_that_dies_while_warming_is_replaced_in_the_background(tmp_path:
 
 def test_hot_recovery_falls_back_to_the_cold_path_when_the_survivor_applied_the_step(tmp_path: Path) -> None:
     """Without a collective the survivor finishes step 3 (it is at 4, not the committed 3): its
-    state is not the committed step's, so it is not trusted: the whole group restarts."""
-    job = Job(tmp_path, Script(kill_rank_at={(3, 1)}), steps=5)
+    state is not the committed step's, so it is not trusted: the whole group restarts. (The
+    lost rank is rank 0: had rank 0 returned the step, it would be committed from its result,
+    see test_a_rank_lost_after_the_step_was_whole_on_rank_0_is_committed_then_replaced_hot.)"""
+    job = Job(tmp_path, Script(kill_rank_at={(3, 0)}), steps=5)
     job.lead()
     assert job.finish() == "SUCCEEDED"
     (restart,) = job.events("trainer_restart")
@@ -880,3 +882,22 @@ def test_a_rank_lost_in_a_step_sent_before_the_commit_is_recovered_after_that_co
     )  # ... and step 2 committed before the recovery
     assert job.steps_trained() == Counter({(s, r): 1 for s in range(6) for r in range(2)})
     assert _digest_of_final_weights(job) == "0,1,2,3,4,5"
+
+
+def test_a_rank_lost_after_the_step_was_whole_on_rank_0_is_committed_then_replaced_hot(tmp_path: Path) -> None:
+    """Rank 1 dies after step 3's collective (it applied the step, rank 0 returned it): the step
+    is whole, so it is committed from rank 0's result, once; then the group recovers hot at
+    step 4 (rank 0 keeps its process and state, holding what was committed) and goes on.
+    Before, the survivor "at step 4, committed 3" sent this down the cold path."""
+    job = Job(tmp_path, Script(collective=True, kill_rank_after={(3, 1)}), steps=6)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (restart,) = job.events("trainer_restart")
+    assert restart["recovery"] == "hot" and restart["step"] == 4 and restart["lost"] == [1]
+    assert "replay" not in job.kinds()  # no restore: rank 0's state is step 4's
+    assert _serials(job, 5)[0] == _serials(job, 0)[0] and _serials(job, 5)[1] != _serials(job, 0)[1]
+    commits = [w["step"] for w in job.c.writes if "policy_version" in w and "reward" in w]
+    assert commits == [1, 2, 3, 4, 5, 6]  # step 3 committed once, from rank 0's result
+    assert job.steps_trained()[(3, 0)] == 1 and _digest_of_final_weights(job) == "0,1,2,3,4,5"
+    (rec,) = job.events("recovered")
+    assert rec["step"] == 4  # the fault is recovered by the first commit after the re-formed group's step
