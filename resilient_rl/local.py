@@ -236,10 +236,6 @@ def ray_env() -> dict[str, str]:
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",
-        # Ray starts its workers at nice 15, under the raylet, the GCS, etcd and the controller.
-        # Here the workers (rollout engines, trainer ranks) are the job itself: measured on 2 cores
-        # (BENCHMARKS.md section 1), nice 0 made the same rrl step 20-39 % faster.
-        "RAY_worker_niceness": "0",
     }
 
 
