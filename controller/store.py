@@ -263,16 +263,26 @@ class Store:
     def endpoint(self) -> str:
         return self.endpoints[self._ep_index]
 
+    def _open(self, ep: str) -> grpc.Channel:
+        opts = [("grpc.max_receive_message_length", 64 << 20)]
+        if self._creds is not None:
+            return grpc.secure_channel(ep, self._creds, options=opts)
+        return grpc.insecure_channel(ep, options=opts)
+
     def _connect_locked(self) -> grpc.Channel:
         if self._channel is None:
-            ep = self.endpoints[self._ep_index]
-            opts = [("grpc.max_receive_message_length", 64 << 20)]
-            if self._creds is not None:
-                self._channel = grpc.secure_channel(ep, self._creds, options=opts)
-            else:
-                self._channel = grpc.insecure_channel(ep, options=opts)
+            self._channel = self._open(self.endpoints[self._ep_index])
             self._metadata = None
         return self._channel
+
+    def _stream_channel(self) -> tuple[grpc.Channel, grpc.Channel, tuple[tuple[str, str], ...] | None]:
+        """For one watch stream: the shared channel (to hand to :meth:`_rotate` if the stream
+        fails), a new channel of the stream's own to the same endpoint, and the token to call
+        with (a login is done on the shared channel if needed; etcd's tokens are the cluster's,
+        not a connection's). The caller closes its own channel once its stream has ended:
+        nothing else is on it, so it may also close it to end a stream that grpc left hanging."""
+        shared, md = self._stubs()
+        return shared, self._open(self.endpoint), md
 
     def _login(self, channel: grpc.Channel) -> tuple[tuple[str, str], ...]:
         """Log in as ``self._user`` on ``channel``; the token goes with every call on it.

@@ -117,6 +117,7 @@ class Watch:
         self.initial_revision = 0
         self.reconnects = 0
         self.resyncs = 0
+        self._stale_tokens = 0  # stale-token cancels in a row (see _run)
         if start_revision is None:
             self.initial, self.initial_revision = store.range(prefix)
             self._known = {kv.key: kv.mod_revision for kv in self.initial}
@@ -193,11 +194,11 @@ class Watch:
         while not self._stop.is_set():
             done = threading.Event()
             stalled = threading.Event()
-            channel = None
+            shared = own = None
             timer: threading.Timer | None = None
             try:
-                channel, md = self.store._stubs()
-                stub = etcdrpc.WatchStub(channel)
+                shared, own, md = self.store._stream_channel()
+                stub = etcdrpc.WatchStub(own)
                 call = stub.Watch(self._requests(self.last_revision + 1, done), metadata=md)
                 self._call = call
                 if self._stop.is_set():
@@ -217,6 +218,11 @@ class Watch:
                 timer = threading.Timer(self.store.timeout, unconfirmed)
                 timer.daemon = True
                 timer.start()
+                # Seen with etcd restarting (grpc 1.85): the stream ended (UNAVAILABLE, so cancel()
+                # had nothing to cancel) while the iterator below went on waiting for a message
+                # that never came, until the channel closed. The channel is this stream's own:
+                # closed one second after the call ended if the iterator has not let go by then.
+                call.add_done_callback(lambda _c, own=own, done=done: _close_if_stuck(own, done))
                 for resp in call:
                     created.set()
                     backoff = 0.05
@@ -230,7 +236,15 @@ class Watch:
                         self._call.cancel()
                         break  # reopen from the new last_revision
                     if resp.canceled:
+                        if _stale_token(resp.cancel_reason) and self._stale_tokens < 3:
+                            # etcd's simple tokens die with the server: log in again, reopen
+                            self._stale_tokens += 1
+                            self.store._drop_token(md)
+                            log.info("watch %s: token refused (%s), logging in again", self.prefix,
+                                     resp.cancel_reason)  # fmt: skip
+                            break
                         raise EtcdError(f"watch cancelled by etcd: {resp.cancel_reason}")
+                    self._stale_tokens = 0
                     for ev in resp.events:
                         kv = ev.kv
                         rev = kv.mod_revision
@@ -248,7 +262,7 @@ class Watch:
                 self.reconnects += 1
                 why = "not confirmed by etcd in time" if stalled.is_set() else e.code().name
                 log.info("watch %s: stream broke (%s), reconnecting", self.prefix, why)
-                self.store._rotate(channel)
+                self.store._rotate(shared)
             except EtcdUnavailable as e:
                 log.info("watch %s: %s, retrying", self.prefix, e)
             except ValueError as e:
@@ -264,6 +278,28 @@ class Watch:
                 done.set()
                 if timer is not None:
                     timer.cancel()
+                if own is not None:
+                    own.close()  # the stream has ended: nothing else is on this channel
             if not self._stop.is_set():
                 time.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 1.0)
+
+
+def _stale_token(reason: str) -> bool:
+    """Whether etcd cancelled a watch for its token (expired, or issued by a server since restarted)."""
+    low = (reason or "").lower()
+    return "auth token" in low or "revision of auth store is old" in low
+
+
+def _close_if_stuck(channel: grpc.Channel, done: threading.Event) -> None:
+    """The call on ``channel`` has ended: if its stream's loop has not ended within a second,
+    close the channel (the stream's own), which ends every wait on it."""
+
+    def check() -> None:
+        if not done.is_set():
+            log.info("watch: the stream ended but its iterator did not; closing its channel")
+            channel.close()
+
+    t = threading.Timer(1.0, check)
+    t.daemon = True
+    t.start()

@@ -21,6 +21,7 @@ from typing import Any
 
 from checkpoints.journal import Journal, JournalFull, ShardRef
 from controller.events import Kind
+from controller.store import EtcdError
 
 from ..algo.sampler import prompt_indices
 from ..errors import worker_cause
@@ -58,6 +59,7 @@ class ShardScheduler:
         self.done: dict[int, dict[int, dict[str, Any]]] = {}  # step -> shard -> summary
         self.unjournaled: set[int] = set()  # steps whose shards are all in, batch manifest not written
         self.planned = -1
+        self._progress_read: tuple[float, dict[str, dict[str, Any]]] = (float("-inf"), {})  # see _progress_view
         self.shard_mb = 0.0  # the largest shard file so far (how much room a resume needs)
 
     # -- planning ----------------------------------------------------------------
@@ -183,12 +185,22 @@ class ShardScheduler:
 
     def watchdog(self, rollouts: RolloutGroup) -> None:
         """A worker with a shard in flight for longer than its limit (``fault.hang_timeout``
-        plus its reward calls' time) is hung (stopped, deadlocked, starved): kill and replace
-        it, re-queue its shard. A worker that does not join in time is hung too."""
+        plus its reward calls' time) and no progress on it for ``fault.hang_timeout`` is hung
+        (stopped, deadlocked, starved): kill and replace it, re-queue its shard. A worker that
+        does not join in time is hung too.
+
+        Progress is membership's ``progress_at`` for that very shard (the worker stamps it as
+        its reward calls end): on a loaded machine, reward calls that time out one after another
+        and the restarts of their children can hold a live worker past the limit."""
         now = time.monotonic()
+        progress: dict[str, dict[str, Any]] | None = None
         for ref, f in list(self.inflight.items()):
             limit = self.shard_limit(len(f.shard.prompts))
             if now - f.sent <= limit:
+                continue
+            if progress is None:
+                progress = self._progress_view(now)
+            if self._progressing(f, progress.get(str(f.worker))):
                 continue
             del self.inflight[ref]
             self.queue.appendleft(f.shard)
@@ -203,6 +215,27 @@ class ShardScheduler:
                            worker=w, group="rollout")  # fmt: skip
             self.faults.detected(classify("rollout", hung=True, worker=w, cause="join_timeout"))
             rollouts.fault(w, TimeoutError("join timed out"))
+
+    def _progress_view(self, now: float) -> dict[str, dict[str, Any]]:
+        """The rollout group's member records, read at most once a second (only while a shard is
+        overdue); empty while etcd cannot be read (then the limit alone decides, as before)."""
+        if now - self._progress_read[0] >= 1.0:
+            try:
+                self._progress_read = (now, self.ctx.members("rollout"))
+            except EtcdError:
+                self._progress_read = (now, {})
+        return self._progress_read[1]
+
+    def _progressing(self, f: InFlight, info: dict[str, Any] | None) -> bool:
+        """Whether the worker of ``f`` says it is on that shard and stamped progress on it within
+        ``fault.hang_timeout`` (a stopped worker stamps nothing, and its key goes with its lease)."""
+        if not info or info.get("status") != "busy" or (info.get("step"), info.get("shard")) != (
+            f.shard.step, f.shard.index):  # fmt: skip
+            return False
+        try:
+            return time.time() - float(info["progress_at"]) <= self.ctx.spec.fault.hang_timeout
+        except (KeyError, TypeError, ValueError):
+            return False
 
     def shard_limit(self, prompts: int) -> float:
         """``fault.hang_timeout`` for a shard of ``prompts`` prompts, plus the longest its user reward

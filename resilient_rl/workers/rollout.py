@@ -56,6 +56,7 @@ class RolloutWorker:
         self.fence = 0  # newest leader token seen (see fencing.check_fence)
         self.store = Store(etcd, timeout=2.0, retry_window=30.0)
         self.spare = spare  # a warm spare's number until it is promoted (see promote)
+        self._progress_at = 0.0  # when membership's progress_at was last stamped (monotonic)
         self._node = ray.get_runtime_context().get_node_id()
         if spare is None:
             self.member = self._register("rollout", str(index))
@@ -130,7 +131,7 @@ class RolloutWorker:
         check_fence(self.fence, token, f"shard {step}/{shard}")
         if self.version < step - self.spec.async_.max_staleness:  # a load it was sent failed
             exit_stale_policy(self.version, step)
-        t0 = time.monotonic()
+        t0 = self._progress_at = time.monotonic()
         self.member.update(status="busy", step=step, shard=shard)
         n = self.spec.rollout.sampling.n
         examples = [self.task.example(i) for i in indices]
@@ -146,7 +147,7 @@ class RolloutWorker:
         tokens = 0
         if self.rewards is not None:
             scored = self.rewards.score(
-                [(ex.prompt, c.text, ex.answer) for (ex, _), c in zip(keys_, outs, strict=True)]
+                [(ex.prompt, c.text, ex.answer) for (ex, _), c in zip(keys_, outs, strict=True)], self._progress
             )
         else:
             scored = [self.task.reward(ex, c.text) for (ex, _), c in zip(keys_, outs, strict=True)]
@@ -183,6 +184,14 @@ class RolloutWorker:
             "seconds": secs,
             "worker": self.index,
         }
+
+    def _progress(self) -> None:
+        """A reward call ended: stamp membership's ``progress_at`` (at most once a second), which
+        the driver's watchdog reads before it calls an overdue shard's worker hung."""
+        now = time.monotonic()
+        if now - self._progress_at >= 1.0:
+            self._progress_at = now
+            self.member.update()
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[list[int]]:
         """Greedy token ids for ``prompts`` under the loaded weights (for equivalence checks)."""

@@ -90,4 +90,5 @@ def test_chaos_hardening_scenario_trainer_hang_journal_full_reward_hang_and_a_st
         assert kind in after, after
     assert {"rollout_fault", "rollout_hang"} & set(after), after
     assert "reward_errors" in [e["kind"] for e in rep["events"]]  # the hang's timeouts were counted
-    assert not {"failed", "rollout_hang"} & {e["kind"] for e in rep["events"] if e["time"] < t_storm - 0.5}
+    early = [(e["kind"], e.get("message")) for e in rep["events"] if e["time"] < t_storm - 0.5]
+    assert not [e for e in early if e[0] in ("failed", "rollout_hang")], early  # slow rewards are not a hang

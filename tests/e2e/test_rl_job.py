@@ -258,7 +258,11 @@ def _wait_event(platform: LivePlatform, job: str, kind: str, timeout: float = 30
         found = [e for e in events.read(platform.store, job, limit=1000) if e["kind"] == kind]
         if found:
             return found[0]
-        assert time.monotonic() < deadline, f"no {kind} event for {job}"
+        if time.monotonic() >= deadline:
+            seen = [(e["kind"], e.get("message")) for e in events.read(platform.store, job, limit=1000)][-40:]
+            log = (platform.home / "logs" / "controller-0.log").read_text()[-4000:]
+            raise AssertionError(f"no {kind} event for {job} in {timeout:g}s; its last events: {seen}; "
+                                 f"controller log tail:\n{log}")  # fmt: skip
         time.sleep(0.2)
 
 

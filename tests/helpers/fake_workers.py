@@ -48,6 +48,9 @@ class Script:
     fail_start: int = 0  # trainer ranks that die in setup (each one counts down)
     unreachable_start: int = 0  # trainer ranks whose setup finds them unreachable (ActorUnavailableError)
     shard_delay_s: float = 0.0
+    # (step, shard) -> seconds: its worker takes that long, calling on_progress(worker, step, shard) every 0.1 s
+    slow_rollout_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    on_progress: Any = None
     train_delay_s: float = 0.0
     on_train: Any = None  # called (step, rank) at the start of every train_step
     # train_step is a collective (as gloo's all-reduce): every rank waits for the others before it
@@ -167,6 +170,12 @@ class FakeRollout:
         if s.fire(s.hang_rollout_at, (step, shard)):
             _hang(self)
         time.sleep(s.shard_delay_s)
+        if (slow := s.slow_rollout_at.pop((step, shard), None)) is not None:
+            until = time.monotonic() + slow
+            while time.monotonic() < until:
+                if s.on_progress is not None:
+                    s.on_progress(self.index, step, shard)
+                time.sleep(0.1)
         n = self.spec.rollout.sampling.n
         samples = [
             {"prompt_index": i, "sample": j, "prompt_ids": [3], "token_ids": [4, 1], "logprobs": [0.0, 0.0],

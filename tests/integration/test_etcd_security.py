@@ -306,7 +306,8 @@ def test_auth_token_renewed_after_etcd_restart(tls_etcd: TlsEtcd) -> None:
     assert s._metadata is not None and s._metadata != token_before  # logged in again
     try:  # a watch opened before the restart resumes and sees the change
         ev = w.get(timeout=15)
-        assert ev is not None and (ev.key, ev.value) == ("/k", b"2")
+        seen = f"reconnects {w.reconnects}, last revision {w.last_revision}, thread alive {w._thread.is_alive()}"
+        assert ev is not None and (ev.key, ev.value) == ("/k", b"2"), seen
     finally:
         w.cancel()
 

@@ -178,6 +178,26 @@ def test_the_watchdog_replaces_a_hung_rollout_worker(tmp_path: Path) -> None:
     assert Counter((s, sh) for s, sh, _ in job.script.generated)[(1, 1)] == 1
 
 
+def test_a_slow_rollout_worker_that_stamps_progress_is_not_called_hung(tmp_path: Path) -> None:
+    """A shard past its limit whose worker's membership shows progress on that very shard (a
+    loaded machine, reward calls timing out one after another) is waited for; the next worker to
+    go quiet on its shard is called hung as before."""
+    script = Script(slow_rollout_at={(1, 0): 2.0}, hang_rollout_at={(2, 1)})
+    job = Job(tmp_path, script, steps=3, fault={"hang_timeout": 0.5})
+
+    def stamp(worker: int, step: int, shard: int) -> None:
+        value = {"status": "busy", "step": step, "shard": shard, "progress_at": time.time()}
+        job.c.membership.setdefault("rollout", {})[str(worker)] = value
+
+    script.on_progress = stamp
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (hang,) = job.events("rollout_hang")  # the quiet one only
+    assert "shard 2/1" in hang["message"], hang
+    sends = Counter((a[0], a[1]) for name, m, a in job.layer.calls if m == "generate_shard")
+    assert sends[(1, 0)] == 1 and sends[(2, 1)] == 2  # the slow shard was sent once, the hung one again
+
+
 def test_a_hung_trainer_rank_restarts_the_group(tmp_path: Path) -> None:
     job = Job(tmp_path, Script(hang_rank_at={(2, 0)}), steps=3, fault={"hang_timeout": 0.3})
     job.lead()

@@ -34,7 +34,10 @@ def test_results_in_order_and_validated_as_in_process() -> None:
 
 def test_a_hung_call_times_out_names_the_function_and_the_batch_goes_on(hanging: RewardPool) -> None:
     pids = {c.proc.pid for c in hanging._children}
-    got = hanging.score([("p", "a", "a"), ("p", "x", "a"), ("p", "b", "a"), ("p", "x", "a"), ("p", "c", "a")])
+    ended: list[int] = []  # progress: one call per call that ended, timed out ones included
+    got = hanging.score([("p", "a", "a"), ("p", "x", "a"), ("p", "b", "a"), ("p", "x", "a"), ("p", "c", "a")],
+                        progress=lambda: ended.append(1))  # fmt: skip
+    assert len(ended) == 5
     assert [r.value for r in got] == [0.25, 0.0, 0.25, 0.0, 0.25]
     for r in (got[1], got[3]):
         assert r.error is not None and r.error.startswith(f"TimeoutError: reward function {FNS}:hangs_on_x did not")

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -136,7 +137,12 @@ class RewardPool:
             return time.monotonic() + self.timeout_s
         return child.started + _START_TIMEOUT_S + self.timeout_s  # reset once it is ready
 
-    def score(self, calls: list[tuple[str, str, str]]) -> list[RewardResult]:
+    def score(
+        self, calls: list[tuple[str, str, str]], progress: Callable[[], None] | None = None
+    ) -> list[RewardResult]:
+        """Score every call (see class doc). ``progress`` is called each time a call ends (scored,
+        timed out or its child lost): the rollout worker stamps its membership with it, so that a
+        shard slowed by timing-out calls and their children's restarts reads as slow, not hung."""
         results: list[RewardResult | None] = [None] * len(calls)
         todo = list(range(len(calls)))[::-1]  # popped from the end: in order
         while todo or any(c.busy for c in self._children):
@@ -172,6 +178,8 @@ class RewardPool:
                         msg: dict[str, Any] = json.loads(line)
                         results[j] = RewardResult(float(msg["value"]), msg.get("error"))
                         c.busy = None
+                        if progress is not None:
+                            progress()
                         break
                     if error is None:
                         continue
@@ -185,6 +193,8 @@ class RewardPool:
                 results[j] = RewardResult(0.0, error)
                 c.busy = None
                 self._replace(i)
+                if progress is not None:
+                    progress()
         return [r if r is not None else RewardResult(0.0, "lost") for r in results]
 
     def close(self) -> None:
