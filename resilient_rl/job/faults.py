@@ -96,6 +96,13 @@ class FaultPolicy:
         n = self.budgets[group].spend()
         return min(10.0, 0.5 * 2 ** max(0, n - 1)) if backoff else 0.0
 
+    def survivor_wait_s(self, slowest_step_s: float) -> float:
+        """How long to wait for the surviving trainer ranks' calls to end once a peer was lost:
+        they end as their collective does, when their step reaches it after the peer was killed
+        (up to a whole step: seen at 100M parameters, 11 s), or at the process group's timeout
+        when the peer froze; at least 10 s and a lease TTL."""
+        return max(10.0, float(self.ctx.spec.fault.lease_ttl), 2.0 * slowest_step_s)
+
     def worker_back(self, i: int) -> float | None:
         """Rollout worker ``i`` joined: seconds since its fault (None if it had none)."""
         t = self.worker_down.pop(i, None)

@@ -516,10 +516,7 @@ class TrainerGroup:
             return False
         if self.world == 1:
             return self._recover_alone(k, refs[0], why)
-        # the survivors' calls fail as their collective does: when their step reaches it after a peer
-        # was killed (up to a whole step: seen at 100M parameters, 11 s), at the process group's
-        # timeout (fault.hang_timeout) when it froze
-        wait_s = max(10.0, float(c.spec.fault.lease_ttl), 2.0 * step_s)
+        wait_s = self.faults.survivor_wait_s(step_s)
         t_wait = time.monotonic()
         A.wait(refs, num_returns=len(refs), timeout=wait_s)
         lost, survivors = [], []

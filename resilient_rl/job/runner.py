@@ -259,9 +259,8 @@ class JobRunner:
                 if isinstance(done, WholeThenLost):
                     snaps, _ = self._committed(train, done.results, time.monotonic() - t_step, snaps, whole=False)
                     k, t_step = k + 1, time.monotonic()
-                    self.faults.detected(
-                        classify("trainer", error=done.error)
-                    )  # after the commit: it is not a recovery
+                    # after the commit: it is not a recovery
+                    self.faults.detected(classify("trainer", error=done.error))
                     self._recover(Training(k, train.refs, train.sent, train.sent_at), done.why, "lost", lost=True)
                     done = _RESTARTED
                 if done is _RESTARTED:
@@ -379,7 +378,7 @@ class JobRunner:
         if not self.spec.trainer.hot_recovery or t.world == 1 or t.strategy != "ddp":
             return None
         A = self.actors
-        wait_s = max(10.0, float(self.spec.fault.lease_ttl), 2.0 * self.slowest_train_s)
+        wait_s = self.faults.survivor_wait_s(self.slowest_train_s)
         A.wait(train.refs[:1], num_returns=1, timeout=wait_s)
         try:
             r0: dict[str, Any] = A.get(train.refs[0], timeout=0)

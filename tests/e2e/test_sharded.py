@@ -7,6 +7,8 @@ the driver, the weight store's bucketed publish and ``rrl verify``.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +70,25 @@ def test_ddp_job_switches_to_fsdp_mid_run_within_the_stated_tolerance(platform: 
     job = platform.submit(_spec("e2e-switch", work, steps=steps, trainer={"replicas": 1},
                                 checkpoint={"dir": str(work), "every": 2}))  # fmt: skip
     _wait_step(platform, job, 3)
-    r = run_rrl(
-        "scale",
-        job,
-        "--strategy",
-        "fsdp",
-        "--trainer",
-        "2",
-        "--etcd",
-        platform.data["etcd"],
-        env={"RRL_HOME": str(platform.home)},
-    )  # its token (another module may have moved RRL_HOME)
+    # The rollout worker is frozen while the CLI starts (seconds under load), so that the job cannot
+    # run to its end before the request lands (it did in CI: 7 steps in 2 s, then no restart ever):
+    # on-policy, at most the step already generated commits meanwhile. 60 s of hang_timeout is far off.
+    rollout_pid = jobs.get(platform.store, job).members["rollout"]["0"]["pid"]
+    os.kill(rollout_pid, signal.SIGSTOP)
+    try:
+        r = run_rrl(
+            "scale",
+            job,
+            "--strategy",
+            "fsdp",
+            "--trainer",
+            "2",
+            "--etcd",
+            platform.data["etcd"],
+            env={"RRL_HOME": str(platform.home)},
+        )  # its token (another module may have moved RRL_HOME)
+    finally:
+        os.kill(rollout_pid, signal.SIGCONT)
     assert r.returncode == 0 and "strategy fsdp" in r.stdout, r.stdout + r.stderr
     _wait_event(platform, job, "trainer_recovered")
     rec = platform.wait(job)
@@ -121,9 +131,6 @@ def test_a_lost_fsdp_rank_restarts_from_the_shadow_copy_and_replays_at_most_one_
     """FSDP world 2, snapshots far apart (every 50 steps), a shadow copy every step: SIGKILL a
     rank; the group restarts from the in-memory copy its ranks left in the weight store, not
     from the initial weights, replays at most one step, and `rrl verify` matches."""
-    import os
-    import signal
-
     work = tmp_path / "shadow"
     steps = 10
     job = platform.submit(_spec("e2e-shadow", work, steps=steps,
