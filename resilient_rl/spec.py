@@ -125,13 +125,23 @@ class ModelSpec(_Section):
         return self
 
 
+class ColumnsSpec(_Section):
+    """Which columns of a dataset hold what (``task.kind: dataset``)."""
+
+    prompt: str = Field("prompt", min_length=1, max_length=256, description="The column of the prompt text.")
+    answer: str = Field(
+        "answer", min_length=1, max_length=256, description="The column of the reference answer (text or a number)."
+    )
+
+
 class TaskSpec(_Section):
     """The prompts and the verifiable reward."""
 
-    kind: Literal["copy", "reverse", "arith", "jsonl"] = Field(
+    kind: Literal["copy", "reverse", "arith", "jsonl", "dataset"] = Field(
         "copy",
         description="copy / reverse: repeat a digit string (dense per-character reward); "
-        "arith: a+b (exact match); jsonl: your own {prompt, answer} rows.",
+        "arith: a+b (exact match); jsonl: your own {prompt, answer} rows; dataset: a Hugging Face "
+        "dataset on local disk (a save_to_disk folder, or a .parquet / .arrow / .jsonl / .json / .csv file).",
     )
     min_len: int = Size(
         3,
@@ -154,11 +164,24 @@ class TaskSpec(_Section):
         why="every worker builds the generated prompt set in memory",
         description="Size of the generated prompt set (built-in tasks).",
     )
-    path: str | None = Field(None, description="jsonl: the dataset file.")
-    reward: Literal["exact", "regex", "function", "partial"] = Field(
+    path: str | None = Field(None, max_length=4096, description="jsonl / dataset: the dataset file or folder.")
+    split: str = Field(
+        "train", min_length=1, max_length=256, description="dataset: the split to read (of a DatasetDict folder)."
+    )
+    columns: ColumnsSpec = Field(default_factory=ColumnsSpec, description="dataset: the prompt and answer columns.")
+    max_prompt_chars: int | None = Size(
+        None,
+        ge=1,
+        le=10_000_000,
+        why="a prompt that long fills no context window",
+        description="dataset: rows whose prompt is longer are left out (quarantined with the reason).",
+    )
+    reward: Literal["exact", "regex", "function", "partial", "math"] = Field(
         "exact",
-        description="jsonl/arith: exact match, `regex` (answer is a pattern), `function` "
-        "(reward_fn), or `partial` (arith: per-digit partial credit).",
+        description="jsonl/dataset/arith: exact match, `regex` (answer is a pattern), `function` "
+        "(reward_fn), `math` (jsonl/dataset: the completion's final answer, from its last \\boxed{}, "
+        "its `####` line or its last number, equals the reference's as a number or as normalised text), "
+        "or `partial` (arith: per-digit partial credit).",
     )
     reward_fn: str | None = Field(None, description="`module:function` taking (prompt, completion, answer) -> float.")
     reward_timeout_s: float = Size(
@@ -193,8 +216,8 @@ class TaskSpec(_Section):
     def _check(self) -> TaskSpec:
         if self.min_len > self.max_len:
             raise ValueError("min_len must be <= max_len")
-        if self.kind == "jsonl" and not self.path:
-            raise ValueError("task.path is required when kind is jsonl")
+        if self.kind in ("jsonl", "dataset") and not self.path:
+            raise ValueError(f"task.path is required when kind is {self.kind}")
         if self.reward == "function":
             if not self.reward_fn or ":" not in self.reward_fn:
                 raise ValueError("reward_fn must be given as module:function when reward is `function`")
@@ -447,6 +470,20 @@ class FaultSpec(_Section):
     )
 
 
+class LoggingSpec(_Section):
+    """Experiment loggers: every committed step's metrics, each step once (through faults and
+    leader changes: a new leader reads the log back and writes the committed steps it lacks)."""
+
+    tensorboard: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="A directory for TensorBoard event files (relative: under the job's workdir): reward, loss, "
+        "tokens, step seconds, tokens/s, reward errors, staleness and the trainer's statistics per step. "
+        "Needs the tensorboard extra (pip install 'resilient-rl[tensorboard]').",
+    )
+
+
 class JobSpec(_Section):
     """A whole RL post-training job."""
 
@@ -476,6 +513,7 @@ class JobSpec(_Section):
         0, ge=0, le=_SEED_MAX, why=_SEED_WHY, description="Seed of the prompt sampler, sampling and initialisation."
     )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Snapshots.")
+    logging: LoggingSpec = Field(default_factory=LoggingSpec, description="Experiment loggers.")
     fault: FaultSpec = Field(default_factory=FaultSpec, description="Fault detection and restarts.")
 
     model_config = ConfigDict(**_CONFIG, populate_by_name=True)

@@ -164,8 +164,14 @@ class JobRunner:
         except Exception as e:  # the job fails with the reason; the controller keeps running
             log.exception("job %s failed", self.job)
             self._finish("FAILED", describe_error(e))
+        finally:
+            self.committer.log.close()
 
     def _run(self) -> None:
+        try:
+            self.committer.log.check()
+        except ImportError as e:
+            raise JobFailed(str(e)) from None
         state = self.ctx.read_state()
         k = int(state.get("step", 0))
         self.faults.load(state)  # faults a previous leader detected that no commit has followed yet

@@ -68,3 +68,31 @@ def test_a_hanging_reward_times_out_per_sample_and_the_worker_survives(platform:
     # the task's size was computed once, in a Ray task, and recorded (the leader never reads the file)
     assert rec.state["task_size"] == 10 and rec.state["task_quarantined"] == 1
     assert "task_rows_quarantined" in kinds
+
+
+def test_a_dataset_job_reads_parquet_rows_and_scores_them_with_the_math_reward(
+    platform: LivePlatform, tmp_path: Path
+) -> None:
+    """`task.kind: dataset` end to end: a parquet file the test writes (one empty prompt among
+    the rows: quarantined), its columns mapped, the math reward applied in the rollout worker;
+    every journaled sample's reward is what the reward gives its row's answer."""
+    import datasets
+
+    from resilient_rl.algo.tasks.math_answer import math_reward
+
+    answers = [f"#### {i * 3}" if i % 2 else f"\\boxed{{{i}}}" for i in range(12)]
+    rows = [{"q": f"{i}+{i}:", "a": a} for i, a in enumerate(answers)]
+    rows.insert(5, {"q": "", "a": "1"})
+    datasets.Dataset.from_list(rows).to_parquet(str(path := tmp_path / "rows.parquet"))
+    spec = _spec("e2e-dataset", tmp_path, "unused:fn")
+    spec["task"] = {"kind": "dataset", "path": str(path), "columns": {"prompt": "q", "answer": "a"}, "reward": "math"}
+    job = platform.submit(spec)
+    rec = platform.wait(job, timeout=300)
+    assert rec.phase == "SUCCEEDED", rec.state
+    assert rec.state["task_size"] == 12 and rec.state["task_quarantined"] == 1
+    valid = [r for r in rows if r["q"]]
+    samples = [s for k in range(3) for s in journal_samples(tmp_path / "w", k)]
+    assert len(samples) == 3 * 4 * 2
+    for s in samples:
+        assert s["reward_error"] is None
+        assert s["reward"] == math_reward(valid[s["prompt_index"]]["a"], s["text"]), s

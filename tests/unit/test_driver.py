@@ -921,3 +921,66 @@ def test_a_rank_lost_after_the_step_was_whole_on_rank_0_is_committed_then_replac
     assert job.steps_trained()[(3, 0)] == 1 and _digest_of_final_weights(job) == "0,1,2,3,4,5"
     (rec,) = job.events("recovered")
     assert rec["step"] == 4  # the fault is recovered by the first commit after the re-formed group's step
+
+
+def _tb_steps(logdir: Path) -> Counter[int]:
+    """How often each step's reward is in the TensorBoard event files under ``logdir`` (read back
+    with TensorBoard's own loader: what a TensorBoard server would show)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    seen: Counter[int] = Counter()
+    for f in sorted(logdir.glob("events.out.tfevents.*")):
+        for ev in EventFileLoader(str(f)).Load():
+            if ev.HasField("summary"):
+                seen.update(ev.step for v in ev.summary.value if v.tag == "rrl/reward")
+    return seen
+
+
+def test_a_leader_killed_between_a_commit_and_its_tensorboard_write_loses_no_step_and_doubles_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first leader commits step 2 and dies before its TensorBoard write; the next leader
+    reads the event files back, writes step 2 from metrics.jsonl, then the rest: every step once."""
+    from controller.election import NotLeader
+    from resilient_rl.job.explog import ExperimentLog
+
+    job = Job(tmp_path, Script(train_delay_s=0.02), steps=6, logging={"tensorboard": "tb"})
+    real = ExperimentLog.committed
+    died: list[int] = []
+
+    def dies_at_2(self: ExperimentLog, k: int, line: dict[str, Any]) -> None:
+        if k == 2 and not died:
+            died.append(k)
+            job.c.leads = False  # the step is committed; the leader is gone before its log write
+            raise NotLeader("killed between the commit and the log write")
+        real(self, k, line)
+
+    monkeypatch.setattr(ExperimentLog, "committed", dies_at_2)
+    first = job.lead()
+    first._thread.join(20)
+    assert died == [2] and job.c.state["step"] == 3 and not first._thread.is_alive()
+    logdir = tmp_path / "work" / "tb"
+    assert _tb_steps(logdir) == Counter({0: 1, 1: 1})  # step 2 committed, not logged
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert _tb_steps(logdir) == Counter({s: 1 for s in range(6)})
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 2  # one file per leader term
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    tags = set(acc.Tags()["tensors"]) | set(acc.Tags()["scalars"])
+    assert {"rrl/reward", "rrl/loss", "rrl/staleness", "rrl/step_seconds"} <= tags, tags
+
+
+def test_a_job_naming_tensorboard_without_the_package_fails_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed: import raises ImportError
+    job = Job(tmp_path, steps=2, logging={"tensorboard": "tb"})
+    job.lead()
+    assert job.finish() == "FAILED"
+    reason = str(job.c.state.get("reason"))
+    assert "logging.tensorboard needs the tensorboard package" in reason and "resilient-rl[tensorboard]" in reason

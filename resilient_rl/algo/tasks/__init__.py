@@ -11,6 +11,7 @@ import logging
 
 from resilient_rl.algo.tasks.base import VOCAB_CHARS, Example, QuarantinedRow, RewardResult, Task, TaskError
 from resilient_rl.algo.tasks.builtin import ArithTask, CopyTask, ReverseTask
+from resilient_rl.algo.tasks.dataset import DatasetTask
 from resilient_rl.algo.tasks.jsonl import JsonlTask
 from resilient_rl.algo.tasks.rewards import load_reward_fn
 from resilient_rl.spec import TaskSpec
@@ -19,6 +20,7 @@ __all__ = [
     "VOCAB_CHARS",
     "ArithTask",
     "CopyTask",
+    "DatasetTask",
     "Example",
     "JsonlTask",
     "QuarantinedRow",
@@ -37,7 +39,8 @@ _REWARDS: dict[str, tuple[str, ...]] = {
     "copy": ("exact", "partial"),
     "reverse": ("exact", "partial"),
     "arith": ("exact", "partial"),
-    "jsonl": ("exact", "regex", "function"),
+    "jsonl": ("exact", "regex", "math", "function"),
+    "dataset": ("exact", "regex", "math", "function"),
 }
 
 
@@ -62,7 +65,11 @@ def make_task(spec: TaskSpec, seed: int) -> Task:
     if spec.kind == "arith":
         return ArithTask(**sizes, partial=spec.reward == "partial")
     if not spec.path:  # the spec validator already refuses this; kept for TaskSpecs built with model_construct
-        raise TaskError("task.path: required when kind is 'jsonl'")
+        raise TaskError(f"task.path: required when kind is {spec.kind!r}")
     # Import the reward function before reading a possibly large file: a typo in reward_fn should fail fast.
     fn = load_reward_fn(spec.reward_fn) if spec.reward == "function" else None
+    if spec.kind == "dataset":
+        return DatasetTask(spec.path, split=spec.split, prompt_column=spec.columns.prompt,
+                           answer_column=spec.columns.answer, reward=spec.reward, reward_fn=fn,
+                           max_prompt_chars=spec.max_prompt_chars)  # fmt: skip
     return JsonlTask(spec.path, reward=spec.reward, reward_fn=fn)  # type: ignore[arg-type]

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Literal
 
 from resilient_rl.algo.tasks.base import Example, QuarantinedRow, RewardResult, Task, TaskError
+from resilient_rl.algo.tasks.math_answer import math_reward
 from resilient_rl.algo.tasks.rewards import RewardFn, call_reward_fn, exact_match, regex_match
 
 log = logging.getLogger(__name__)
 
-JsonlReward = Literal["exact", "regex", "function"]
+JsonlReward = Literal["exact", "regex", "math", "function"]
 
 
 def _check_row(obj: object, *, compile_regex: bool) -> tuple[str, str, re.Pattern[str] | None] | str:
@@ -130,6 +131,8 @@ class JsonlTask(Task):
     def reward(self, example: Example, completion: str) -> RewardResult:
         if self.reward_kind == "exact":
             return RewardResult(exact_match(example.answer, completion))
+        if self.reward_kind == "math":
+            return RewardResult(math_reward(example.answer, completion))
         if self.reward_kind == "regex":
             try:
                 pattern = self._pattern_for(example)

@@ -1,0 +1,148 @@
+"""Hugging Face datasets on local disk (``task.kind: dataset``), read with the ``datasets`` library.
+
+``task.path`` is a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``
+(``task.split`` picks the split of a dict), or one file: ``.parquet``, ``.arrow`` (an Arrow
+stream, as ``datasets`` caches), ``.jsonl`` / ``.json`` or ``.csv``. Nothing is fetched from
+the hub. ``task.columns`` names the prompt and answer columns. Rows are examples in file order;
+a row that cannot be one (a missing or non-text prompt, an empty prompt, a missing answer, a
+prompt longer than ``task.max_prompt_chars``) is quarantined with its 1-based row number and
+the reason (as the jsonl task does with line numbers): visible, never fatal, unless no row is
+left (a :class:`TaskError` naming the file).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from resilient_rl.algo.tasks.base import Example, QuarantinedRow, RewardResult, Task, TaskError
+from resilient_rl.algo.tasks.math_answer import math_reward
+from resilient_rl.algo.tasks.rewards import RewardFn, call_reward_fn, exact_match, regex_match
+
+log = logging.getLogger(__name__)
+
+FILE_KINDS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+
+
+def _load(path: Path, split: str) -> Any:
+    """The split of the dataset at ``path`` as a ``datasets.Dataset``; TaskError naming what is wrong."""
+    try:
+        import datasets
+    except ImportError:  # a dependency of the project: only a broken install lacks it
+        raise TaskError("task.kind dataset needs the `datasets` package (pip install datasets)") from None
+    datasets.disable_progress_bars()
+    if not path.exists():
+        raise TaskError(f"task.path: dataset not found: {path}")
+    try:
+        if path.is_dir():
+            if not any((path / f).exists() for f in ("dataset_info.json", "dataset_dict.json", "state.json")):
+                raise TaskError(f"task.path: folder {path} is not a dataset saved with save_to_disk "
+                                "(no dataset_info.json or dataset_dict.json in it)")  # fmt: skip
+            ds = datasets.load_from_disk(str(path))
+        else:
+            kind = FILE_KINDS.get(path.suffix.lower())
+            if kind is None:
+                raise TaskError(f"task.path: {path}: unknown dataset file type {path.suffix!r} "
+                                f"(one of {', '.join(sorted(FILE_KINDS))}, or a save_to_disk folder)")  # fmt: skip
+            if kind == "arrow":
+                ds = datasets.Dataset.from_file(str(path))
+            else:
+                ds = datasets.load_dataset(kind, data_files={split: str(path)})
+    except TaskError:
+        raise
+    except Exception as e:  # pyarrow's, datasets' and the OS's errors alike: the file is unreadable
+        detail = str(e).splitlines()[0][:300] if str(e) else ""
+        raise TaskError(f"task.path: cannot read dataset {path}: {type(e).__name__}: {detail}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise TaskError(f"task.split: {split!r} is not a split of {path} (it has {', '.join(sorted(ds))})")
+        ds = ds[split]
+    return ds
+
+
+def _text(value: Any, what: str) -> str:
+    """A cell as text, or ValueError with the reason the row is refused."""
+    if value is None:
+        raise ValueError(f"missing {what}")
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"{what} must be text, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what} is {value}")
+    text = value if isinstance(value, str) else str(value)  # numeric answers (GSM8K-style) as text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid Unicode (lone surrogate)") from None
+    return text
+
+
+class DatasetTask(Task):
+    """The valid rows of a local dataset (see module doc); ``index`` counts valid rows only.
+
+    ``reward``: ``exact``, ``regex``, ``math`` (final-answer equivalence, see ``math_answer``) or
+    ``function`` (``reward_fn(prompt, completion, answer)``)."""
+
+    def __init__(self, path: str | Path, *, split: str = "train", prompt_column: str = "prompt",
+                 answer_column: str = "answer", reward: str = "exact", reward_fn: RewardFn | None = None,
+                 max_prompt_chars: int | None = None) -> None:  # fmt: skip
+        if reward == "function" and reward_fn is None:
+            raise TaskError("task.reward_fn: required when reward is 'function'")
+        self.path = Path(path)
+        super().__init__(f"dataset:{self.path.name}")
+        self.reward_kind, self.reward_fn = reward, reward_fn
+        self._prompts: list[str] = []
+        self._answers: list[str] = []
+        ds = _load(self.path, split)
+        for field, col in (("prompt", prompt_column), ("answer", answer_column)):
+            if col not in ds.column_names:
+                raise TaskError(f"task.columns.{field}: no column {col!r} in {self.path} "
+                                f"(its columns: {', '.join(ds.column_names)})")  # fmt: skip
+        file = str(self.path)
+        for row, (p, a) in enumerate(zip(ds[prompt_column], ds[answer_column], strict=True), start=1):
+            try:
+                prompt, answer = _text(p, f"prompt ({prompt_column})"), _text(a, f"answer ({answer_column})")
+                if not prompt.strip():
+                    raise ValueError("empty prompt")
+                if max_prompt_chars is not None and len(prompt) > max_prompt_chars:
+                    raise ValueError(f"prompt of {len(prompt)} characters, over task.max_prompt_chars "
+                                     f"({max_prompt_chars})")  # fmt: skip
+                if reward == "regex":
+                    re.compile(answer)
+            except re.error as e:
+                self.quarantined.append(QuarantinedRow(file, row, f"answer is not a valid regex: {e}"))
+                continue
+            except ValueError as e:
+                self.quarantined.append(QuarantinedRow(file, row, str(e)))
+                continue
+            self._prompts.append(prompt)
+            self._answers.append(answer)
+        if self.quarantined:
+            first = self.quarantined[0]
+            log.warning("%s: quarantined %d of %d rows (first: row %d: %s)", file, len(self.quarantined),
+                        len(ds), first.line, first.reason)  # fmt: skip
+        if not self._prompts:
+            detail = (f"{len(self.quarantined)} bad rows, e.g. row {self.quarantined[0].line}: "
+                      f"{self.quarantined[0].reason}") if self.quarantined else "it has no rows"  # fmt: skip
+            raise TaskError(f"task.path: dataset {file} (split {split!r}) has no valid rows ({detail})")
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def _make_example(self, index: int) -> Example:
+        return Example(index=index, prompt=self._prompts[index], answer=self._answers[index])
+
+    def reward(self, example: Example, completion: str) -> RewardResult:
+        if self.reward_kind == "exact":
+            return RewardResult(exact_match(example.answer, completion))
+        if self.reward_kind == "math":
+            return RewardResult(math_reward(example.answer, completion))
+        if self.reward_kind == "regex":
+            try:
+                return RewardResult(regex_match(re.compile(example.answer), completion))
+            except re.error as e:  # only for an Example not built by this task (rows are checked)
+                return RewardResult(0.0, error=f"{type(e).__name__}: invalid regex answer: {e}")
+        assert self.reward_fn is not None  # enforced in __init__
+        return call_reward_fn(self.reward_fn, example.prompt, completion, example.answer)
