@@ -134,6 +134,40 @@ class ColumnsSpec(_Section):
     )
 
 
+REWARD_BACKOFF_MAX_S = 5.0  # the longest wait between two tries of a reward server
+
+
+class RewardServerSpec(_Section):
+    """An HTTP reward service (``task.reward: server``): a reward model or a judge."""
+
+    url: str = Field(
+        min_length=8,
+        max_length=2048,
+        pattern=r"^https?://\S+$",
+        description='Where batches are POSTed: {"samples": [{prompt, completion, answer}, ...]} -> '
+        '{"rewards": [one number in [0, 1] per sample]}.',
+    )
+    timeout_s: float = Size(
+        30.0, gt=0, le=3600.0, why="a judge that takes an hour per batch is hung", description="Seconds per try."
+    )
+    retries: int = Size(
+        2,
+        ge=0,
+        le=10,
+        why="each retry of a dead server delays the step",
+        description="More tries after a timeout, a connection error or a 5xx (jittered backoff); a 4xx is not "
+        "retried. A batch that fails them all scores 0 per sample with the error recorded.",
+    )
+    batch_size: int = Size(
+        16, ge=1, le=4096, why="one request's body stays in memory twice", description="Samples per request."
+    )
+
+    def batch_deadline_s(self) -> float:
+        """The longest one batch may take through all its tries and backoffs (at most
+        REWARD_BACKOFF_MAX_S each), plus a margin: its scorer process is killed past it."""
+        return (self.retries + 1) * self.timeout_s + self.retries * REWARD_BACKOFF_MAX_S + 5.0
+
+
 class TaskSpec(_Section):
     """The prompts and the verifiable reward."""
 
@@ -176,14 +210,17 @@ class TaskSpec(_Section):
         why="a prompt that long fills no context window",
         description="dataset: rows whose prompt is longer are left out (quarantined with the reason).",
     )
-    reward: Literal["exact", "regex", "function", "partial", "math"] = Field(
+    reward: Literal["exact", "regex", "function", "partial", "math", "server"] = Field(
         "exact",
         description="jsonl/dataset/arith: exact match, `regex` (answer is a pattern), `function` "
-        "(reward_fn), `math` (jsonl/dataset: the completion's final answer, from its last \\boxed{}, "
+        "(reward_fn), `server` (an HTTP reward service: reward_server), `math` (jsonl/dataset: the completion's final answer, from its last \\boxed{}, "
         "its `####` line or its last number, equals the reference's as a number or as normalised text), "
         "or `partial` (arith: per-digit partial credit).",
     )
     reward_fn: str | None = Field(None, description="`module:function` taking (prompt, completion, answer) -> float.")
+    reward_server: RewardServerSpec | None = Field(
+        None, description="reward: server: the service, its per-try timeout, retries and batch size."
+    )
     reward_timeout_s: float = Size(
         10.0,
         gt=0,
@@ -197,8 +234,8 @@ class TaskSpec(_Section):
         ge=1,
         le=64,
         why="each is a process on the rollout worker's machine",
-        description="reward: function: processes per rollout worker that run the function (killable, so a "
-        "hung call cannot hang the worker).",
+        description="reward: function / server: processes per rollout worker that run the function or call "
+        "the server (killable, so a hung call cannot hang the worker).",
     )
     max_reward_error_rate: float = Field(
         0.5,
@@ -221,6 +258,8 @@ class TaskSpec(_Section):
         if self.reward == "function":
             if not self.reward_fn or ":" not in self.reward_fn:
                 raise ValueError("reward_fn must be given as module:function when reward is `function`")
+        if (self.reward == "server") != (self.reward_server is not None):
+            raise ValueError("reward_server is required when reward is `server`, and only then")
         return self
 
 

@@ -30,7 +30,8 @@ class StepCommitter:
         self.ctx = ctx
         self.reward_errors = reward_errors  # committed so far (this runner is the one writer)
         t = ctx.spec.task
-        scorer = f"reward function {t.reward_fn}" if t.reward == "function" else f"task.reward {t.reward}"
+        scorer = (f"reward function {t.reward_fn}" if t.reward == "function" else
+                  f"reward server {t.reward_server.url}" if t.reward_server is not None else f"task.reward {t.reward}")  # fmt: skip
         self.rewards = RewardErrorWindow(scorer, t.max_reward_error_rate, t.reward_error_window)
         self.log = ExperimentLog(ctx)  # the experiment loggers (logging: in the spec), after each commit
 

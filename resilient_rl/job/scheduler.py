@@ -244,7 +244,11 @@ class ShardScheduler:
         spec = self.ctx.spec
         t = spec.task
         extra = 0.0
+        samples = prompts * spec.rollout.sampling.n
         if t.reward == "function":
-            calls = prompts * spec.rollout.sampling.n
-            extra = -(-calls // t.reward_workers) * t.reward_timeout_s
+            extra = -(-samples // t.reward_workers) * t.reward_timeout_s
+        elif t.reward == "server" and t.reward_server is not None:
+            rs = t.reward_server
+            batches = -(-samples // rs.batch_size)
+            extra = -(-batches // t.reward_workers) * rs.batch_deadline_s()
         return spec.fault.hang_timeout + extra

@@ -24,12 +24,22 @@ from controller.store import Store
 from ..algo.sampler import sample_seed
 from ..algo.tasks import make_task
 from ..algo.tasks.reward_pool import RewardPool
-from ..spec import JobSpec
+from ..spec import JobSpec, TaskSpec
 from .engines import Sampling, make_engine
 from .fencing import check_fence, exit_stale_policy, exit_superseded
 from .transport import fetch
 
 log = logging.getLogger(__name__)
+
+
+def _reward_pool(t: TaskSpec) -> RewardPool | None:
+    """The killable scorer processes of a user reward function or a reward server (None for the
+    built-in scorers, which run in-process)."""
+    if t.reward == "function" and t.reward_fn:
+        return RewardPool(t.reward_fn, t.reward_timeout_s, t.reward_workers)
+    if t.reward == "server" and t.reward_server is not None:
+        return RewardPool.for_server(t.reward_server, t.reward_workers)
+    return None
 
 
 class RolloutWorker:
@@ -47,8 +57,7 @@ class RolloutWorker:
         self.task = make_task(self.spec.task, self.spec.seed)
         t = self.spec.task
         # user code runs in killable processes (its own deadline); built-in scorers in-process
-        self.rewards = RewardPool(t.reward_fn, t.reward_timeout_s, t.reward_workers) if t.reward_fn and (
-            t.reward == "function") else None  # fmt: skip
+        self.rewards = _reward_pool(t)
         r = self.spec.rollout
         self.sampling = Sampling(r.sampling.temperature, r.sampling.top_p, r.sampling.max_tokens)
         self.journal = Journal(os.path.join(workdir, "journal"))

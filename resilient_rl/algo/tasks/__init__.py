@@ -13,6 +13,7 @@ from resilient_rl.algo.tasks.base import VOCAB_CHARS, Example, QuarantinedRow, R
 from resilient_rl.algo.tasks.builtin import ArithTask, CopyTask, ReverseTask
 from resilient_rl.algo.tasks.dataset import DatasetTask
 from resilient_rl.algo.tasks.jsonl import JsonlTask
+from resilient_rl.algo.tasks.reward_server import ServerScorer
 from resilient_rl.algo.tasks.rewards import load_reward_fn
 from resilient_rl.spec import TaskSpec
 
@@ -39,8 +40,8 @@ _REWARDS: dict[str, tuple[str, ...]] = {
     "copy": ("exact", "partial"),
     "reverse": ("exact", "partial"),
     "arith": ("exact", "partial"),
-    "jsonl": ("exact", "regex", "math", "function"),
-    "dataset": ("exact", "regex", "math", "function"),
+    "jsonl": ("exact", "regex", "math", "function", "server"),
+    "dataset": ("exact", "regex", "math", "function", "server"),
 }
 
 
@@ -68,8 +69,13 @@ def make_task(spec: TaskSpec, seed: int) -> Task:
         raise TaskError(f"task.path: required when kind is {spec.kind!r}")
     # Import the reward function before reading a possibly large file: a typo in reward_fn should fail fast.
     fn = load_reward_fn(spec.reward_fn) if spec.reward == "function" else None
+    reward = spec.reward
+    if reward == "server":  # in-process, one sample a call, as a reward function (rollout workers use the pool)
+        assert spec.reward_server is not None  # the spec's validator
+        rs, reward = spec.reward_server, "function"
+        fn = ServerScorer(rs.url, rs.timeout_s, rs.retries).one
     if spec.kind == "dataset":
         return DatasetTask(spec.path, split=spec.split, prompt_column=spec.columns.prompt,
-                           answer_column=spec.columns.answer, reward=spec.reward, reward_fn=fn,
+                           answer_column=spec.columns.answer, reward=reward, reward_fn=fn,
                            max_prompt_chars=spec.max_prompt_chars)  # fmt: skip
-    return JsonlTask(spec.path, reward=spec.reward, reward_fn=fn)  # type: ignore[arg-type]
+    return JsonlTask(spec.path, reward=reward, reward_fn=fn)  # type: ignore[arg-type]

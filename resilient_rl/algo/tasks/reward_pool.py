@@ -28,12 +28,17 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from resilient_rl.algo.tasks.base import RewardResult, TaskError
+from resilient_rl.algo.tasks.reward_server import ServerScorer
 from resilient_rl.algo.tasks.rewards import call_reward_fn, load_reward_fn
 
-_START_TIMEOUT_S = 60.0  # importing the user's module (it may import torch, a tokenizer...)
+if TYPE_CHECKING:
+    from resilient_rl.spec import RewardServerSpec
+
+_START_TIMEOUT_S = 60.0
+_SERVER = "server="  # a ref that is a reward server's configuration (JSON), not a function  # importing the user's module (it may import torch, a tokenizer...)
 
 
 @dataclass
@@ -43,7 +48,7 @@ class _Child:
     started: float
     ready: bool = False  # its "ready" line arrived: the user's module is imported
     buf: bytes = b""
-    busy: tuple[int, float] | None = None  # (call index, deadline)
+    busy: tuple[list[int], float] | None = None  # (the indices of the calls it scores, deadline)
 
     def line(self) -> bytes | None:
         """One complete reply line from what was read so far, if any."""
@@ -54,7 +59,8 @@ class _Child:
 
 
 class RewardPool:
-    """``size`` child processes scoring ``ref`` (``module:function``) with ``timeout_s`` per call.
+    """``size`` child processes scoring ``ref`` (``module:function``, or a reward server: see
+    :meth:`for_server`) with ``timeout_s`` per call of at most ``batch`` samples.
 
     ``score(calls)`` returns one :class:`RewardResult` per ``(prompt, completion, answer)``, in order; it
     never raises for a user function's failure. The constructor raises :class:`TaskError` when the function
@@ -63,8 +69,15 @@ class RewardPool:
     thread-safe: one caller.
     """
 
-    def __init__(self, ref: str, timeout_s: float, size: int = 2) -> None:
-        self.ref, self.timeout_s, self.size = ref, timeout_s, size
+    def __init__(self, ref: str, timeout_s: float, size: int = 2, batch: int = 1) -> None:
+        self.ref, self.timeout_s, self.size, self.batch = ref, timeout_s, size, batch
+        if ref.startswith(_SERVER):
+            self.what, self.hint = (
+                f"reward server {json.loads(ref[len(_SERVER) :])['url']}",
+                "task.reward_server: timeout_s per try, retries + 1 tries, their backoffs",
+            )
+        else:
+            self.what, self.hint = f"reward function {ref}", "task.reward_timeout_s"
         self.restarts = 0  # children killed (timeout) or lost (crash) and replaced
         self._children: list[_Child] = []
         try:
@@ -75,6 +88,13 @@ class RewardPool:
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def for_server(cls, rs: RewardServerSpec, size: int) -> RewardPool:
+        """A pool whose children post batches of ``rs.batch_size`` samples to a reward server (see
+        ``reward_server``), each batch cut at the longest its tries may take."""
+        config = json.dumps({"url": rs.url, "timeout_s": rs.timeout_s, "retries": rs.retries})
+        return cls(_SERVER + config, rs.batch_deadline_s(), size, rs.batch_size)
 
     # -- the parent side ---------------------------------------------------------
 
@@ -99,7 +119,7 @@ class RewardPool:
             if line is None:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([child.replies], [], [], left)[0] or not self._read(child):
-                    raise TaskError(f"task.reward_fn: {self.ref} did not load within {_START_TIMEOUT_S:g}s")
+                    raise TaskError(f"{self.what} did not load within {_START_TIMEOUT_S:g}s")
                 continue
             self._hello(child, line)
 
@@ -140,7 +160,7 @@ class RewardPool:
     def score(
         self, calls: list[tuple[str, str, str]], progress: Callable[[], None] | None = None
     ) -> list[RewardResult]:
-        """Score every call (see class doc). ``progress`` is called each time a call ends (scored,
+        """Score every call (see class doc). ``progress`` is called each time a child's call ends (scored,
         timed out or its child lost): the rollout worker stamps its membership with it, so that a
         shard slowed by timing-out calls and their children's restarts reads as slow, not hung."""
         results: list[RewardResult | None] = [None] * len(calls)
@@ -148,21 +168,21 @@ class RewardPool:
         while todo or any(c.busy for c in self._children):
             for c in self._children:  # hand out work
                 if c.busy is None and todo:
-                    j = todo.pop()
+                    js = [todo.pop() for _ in range(min(self.batch, len(todo)))]
                     try:
                         assert c.proc.stdin is not None
-                        c.proc.stdin.write(json.dumps(calls[j]).encode() + b"\n")
+                        c.proc.stdin.write(json.dumps([calls[j] for j in js]).encode() + b"\n")
                         c.proc.stdin.flush()
                     except (BrokenPipeError, OSError):
                         pass  # it died; the read below sees EOF and replaces it
-                    c.busy = (j, self._deadline(c))
+                    c.busy = (js, self._deadline(c))
             busy = [c for c in self._children if c.busy]
             nearest = min(c.busy[1] for c in busy if c.busy)
             ready = select.select([c.replies for c in busy], [], [], max(0.0, nearest - time.monotonic()))[0]
             for i, c in enumerate(self._children):
                 if c.busy is None:
                     continue
-                j = c.busy[0]
+                js = c.busy[0]
                 error = None
                 if c.replies in ready:
                     if not self._read(c):  # EOF: it died (its exit status follows at once)
@@ -170,13 +190,14 @@ class RewardPool:
                             code: int | None = c.proc.wait(timeout=5)
                         except subprocess.TimeoutExpired:
                             code = None
-                        error = f"ChildProcessError: reward function {self.ref} died (exit code {code})"
+                        error = f"ChildProcessError: {self.what} died (exit code {code})"
                     while error is None and (line := c.line()) is not None:
                         if not c.ready:
                             self._hello(c, line)
                             continue
                         msg: dict[str, Any] = json.loads(line)
-                        results[j] = RewardResult(float(msg["value"]), msg.get("error"))
+                        for j, v, err in zip(js, msg["values"], msg["errors"], strict=True):
+                            results[j] = RewardResult(float(v), err)
                         c.busy = None
                         if progress is not None:
                             progress()
@@ -185,12 +206,13 @@ class RewardPool:
                         continue
                 elif time.monotonic() >= c.busy[1]:
                     error = (
-                        f"TimeoutError: reward function {self.ref} did not return within {self.timeout_s:g}s "
-                        "(task.reward_timeout_s); its process was killed"
+                        f"TimeoutError: {self.what} did not return within {self.timeout_s:g}s "
+                        f"({self.hint}); its process was killed"
                     )
                 else:
                     continue
-                results[j] = RewardResult(0.0, error)
+                for j in js:
+                    results[j] = RewardResult(0.0, error)
                 c.busy = None
                 self._replace(i)
                 if progress is not None:
@@ -206,19 +228,27 @@ class RewardPool:
 # -- the child side ------------------------------------------------------------------
 
 
+def _scorer(ref: str) -> Callable[[list[tuple[str, str, str]]], list[RewardResult]]:
+    """What a child scores batches with: a reward server's client, or the user's function
+    (raises TaskError when it cannot be imported)."""
+    if ref.startswith(_SERVER):
+        return ServerScorer.from_config(ref[len(_SERVER) :]).score
+    fn = load_reward_fn(ref)
+    return lambda calls: [call_reward_fn(fn, p, c, a) for p, c, a in calls]
+
+
 def _serve(ref: str, fd: int) -> None:
     replies = os.fdopen(fd, "w", buffering=1)
     os.dup2(2, 1)  # the user function's prints must not reach the reply pipe
     try:
-        fn = load_reward_fn(ref)
+        score = _scorer(ref)
     except TaskError as e:
         replies.write(json.dumps({"error": str(e)}) + "\n")
         return
     replies.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
-        prompt, completion, answer = json.loads(line)
-        rr = call_reward_fn(fn, prompt, completion, answer)
-        replies.write(json.dumps({"value": rr.value, "error": rr.error}) + "\n")
+        results = score([tuple(x) for x in json.loads(line)])  # type: ignore[misc]
+        replies.write(json.dumps({"values": [r.value for r in results], "errors": [r.error for r in results]}) + "\n")
 
 
 if __name__ == "__main__":

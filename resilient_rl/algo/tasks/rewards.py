@@ -79,12 +79,18 @@ def call_reward_fn(fn: RewardFn, prompt: str, completion: str, answer: str) -> R
         raw = fn(prompt, completion, answer)
     except Exception as e:
         return RewardResult(0.0, error=f"{type(e).__name__}: {e}")
+    return checked_value(raw)
+
+
+def checked_value(raw: object, who: str = "reward function") -> RewardResult:
+    """A scorer's raw value as a reward: a finite real number in [0, 1], else 0 with the error
+    (see :func:`call_reward_fn`; reward servers' answers go through it too)."""
     # numbers.Real covers int, float, bool and numpy scalars; complex, str, None, tensors... are refused.
     if not isinstance(raw, numbers.Real):
-        return RewardResult(0.0, error=f"TypeError: reward function returned {type(raw).__name__}, expected a number")
+        return RewardResult(0.0, error=f"TypeError: {who} returned {type(raw).__name__}, expected a number")
     value = float(raw)
     if math.isnan(value):
-        return RewardResult(0.0, error="ValueError: reward function returned NaN")
+        return RewardResult(0.0, error=f"ValueError: {who} returned NaN")
     if not 0.0 <= value <= 1.0:
-        return RewardResult(0.0, error=f"ValueError: reward function returned {value!r}, outside [0, 1]")
+        return RewardResult(0.0, error=f"ValueError: {who} returned {value!r}, outside [0, 1]")
     return RewardResult(value)
