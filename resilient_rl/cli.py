@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -683,6 +684,78 @@ def events(
         if not follow:
             return
         time.sleep(1.0)
+
+
+_SINCE = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@app.command()
+def logs(
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    group: Annotated[
+        str | None, typer.Option("--group", "-g", help="rollout or trainer (its spares included); default: all.")
+    ] = None,
+    worker: Annotated[
+        int | None, typer.Option("--worker", "-w", min=0, help="One worker of --group (every incarnation of it).")
+    ] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")] = False,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Only lines newer than this: 30s, 10m, 2h, 1d (all of them).")
+    ] = None,
+    tail: Annotated[
+        int, typer.Option("--tail", min=1, max=10_000, help="Without --since: how many of the newest lines.")
+    ] = 200,
+    timestamps: Annotated[bool, typer.Option("--timestamps", help="Prefix each line with its time.")] = False,
+    etcd: EtcdOpt = None,
+    api: ApiOpt = None,
+) -> None:
+    """Print what a job's workers wrote to stdout and stderr: tracebacks of reward functions,
+    trainer errors, warnings. Each worker process captures its own output into
+    <workdir>/logs/<name>.<pid>.log (rotated at 8 MB); lines of several workers are merged in
+    time order and prefixed with the worker's name. Logs can hold data and secrets: reading
+    them needs the controller's token (RRL_TOKEN or $RRL_HOME/token), as changes do."""
+    if group is not None and group not in ("rollout", "trainer"):
+        fail(f"--group must be rollout or trainer, not {group!r}", 2)
+    if worker is not None and group is None:
+        fail("--worker needs --group (rollout or trainer)", 2)
+    after: float | None = None
+    if since is not None:
+        m = re.fullmatch(r"(\d{1,9})([smhd])", since.strip())
+        if not m:
+            fail(f"--since must be a number and a unit (30s, 10m, 2h, 1d), not {since!r}", 2)
+        after = time.time() - int(m[1]) * _SINCE[m[2]]
+    client = _api(etcd, api)
+    params: dict[str, Any] = {k: v for k, v in (("group", group), ("worker", worker)) if v is not None}
+    first = _call(client, "GET", _jp(job, "/logs"), **params, **({"after": after, "limit": 10_000} if after is not None
+                                                                else {"limit": tail}))  # fmt: skip
+    if not first["exists"]:
+        err.print(f"no logs yet: {first['folder']} does not exist (the job's workers capture their output there)")
+    sources = {f["name"] for f in first["files"]}
+    _print_log_lines(first["lines"], timestamps, prefix=len(sources) > 1 or group is None)
+    after, more, quiet = first["next_after"], since is not None and len(first["lines"]) == 10_000, 0
+    while follow or more:
+        page = _call(client, "GET", _jp(job, "/logs"), **params, after=after or 0.0, limit=10_000)
+        _print_log_lines(page["lines"], timestamps, prefix=True)
+        after, more = page["next_after"], len(page["lines"]) == 10_000  # a full page: more right after it
+        if more:
+            continue
+        if not follow:
+            return
+        quiet = 0 if page["lines"] else quiet + 1
+        if quiet and quiet % 5 == 0:  # nothing new for a while: has the job ended?
+            from controller.jobs import TERMINAL
+
+            if _call(client, "GET", _jp(job))["state"].get("phase") in TERMINAL:
+                return
+        time.sleep(1.0)
+
+
+def _print_log_lines(lines: list[dict[str, Any]], timestamps: bool, prefix: bool) -> None:
+    for x in lines:
+        head = time.strftime("%H:%M:%S", time.localtime(x["time"])) + f".{int(x['time'] * 1000) % 1000:03d} " if (
+            timestamps) else ""  # fmt: skip
+        src = f"[{x['source']}] " if prefix else ""
+        print(f"{head}{src}{x['text']}", flush=True)
 
 
 @app.command()

@@ -6,8 +6,8 @@ mutations write desired state to etcd (``jobs.submit`` / ``cancel`` /
 answer whichever controller takes it, and nothing here needs leadership.
 
 Mutations need ``Authorization: Bearer <token>`` (the token ``rrl up`` keeps in
-``$RRL_HOME/token``, mode 0600). Reads are open: the server binds 127.0.0.1
-unless told otherwise. ``create_app(store, token=None)`` accepts every
+``$RRL_HOME/token``, mode 0600). Reads are open (the server binds 127.0.0.1
+unless told otherwise), but for the workers' logs, which can hold data and secrets. ``create_app(store, token=None)`` accepts every
 mutation: that is the in-process app the CLI uses when no controller serves
 HTTP (its caller can write to etcd anyway).
 
@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from starlette.concurrency import run_in_threadpool
 
 from .. import events as event_log
-from .. import jobs, keys, service
+from .. import jobs, keys, service, worker_logs
 from ..store import EtcdError, EtcdUnavailable, Store
 from . import pages, views
 from .metrics import EtcdCollector
@@ -56,6 +56,13 @@ API = "/api/v1"
 STATIC = Path(__file__).resolve().parent.parent / "web" / "static"
 SpecValidator = Callable[[dict[str, Any]], tuple[str, str, dict[str, Any]]]
 MetricsPath = Callable[[jobs.JobRecord], "Path | None"]
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
 
 
 class ScaleRequest(BaseModel):
@@ -216,7 +223,8 @@ def create_app(
         title="resilient-rl controller",
         version="1",
         description="Jobs, workers, checkpoints and events of resilient-rl, read from etcd. "
-        "Mutations write desired state and need `Authorization: Bearer <token>` ($RRL_HOME/token).",
+        "Mutations write desired state and need `Authorization: Bearer <token>` ($RRL_HOME/token); "
+        "so does reading the workers' logs.",
         docs_url=None,  # the interactive docs load their script from a CDN; the schema is at /openapi.json
         redoc_url=None,
     )
@@ -329,6 +337,42 @@ def create_app(
         record(job)
         evs = event_log.read(store, job, after, limit)
         return {"events": evs, "next_after": evs[-1]["seq"] if evs else after}
+
+    @app.get(f"{API}/jobs/{{job}}/logs", tags=["jobs"], dependencies=[Auth])
+    def get_logs(
+        job: str,
+        group: Annotated[
+            Literal["rollout", "trainer"] | None,
+            Query(description="rollout or trainer (its spares included); none: every worker."),
+        ] = None,
+        worker: Annotated[
+            int | None, Query(ge=0, le=1_000_000, description="One worker of the group: every incarnation of it.")
+        ] = None,
+        after: Annotated[
+            float | None, Query(ge=0, description="A page of the lines after this time (next_after); else the tail.")
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> dict[str, Any]:
+        """What the job's workers wrote to stdout and stderr (captured into ``<workdir>/logs``),
+        merged in time order: tracebacks of reward functions, trainer errors, library warnings.
+        Logs can hold data and secrets, so unlike the other reads this one needs the token."""
+        rec = record(job)
+        if worker is not None and group is None:
+            raise HTTPException(422, "worker needs group (rollout or trainer)")
+        path = metrics_path(rec) if metrics_path is not None else None
+        if path is None:
+            raise HTTPException(404, "this controller cannot locate the job's workdir (a spec of another version?)")
+        folder = path.parent / "logs"
+        every = worker_logs.list_files(folder)
+        files = worker_logs.select(every, group, worker)
+        lines = worker_logs.read(files, after=after, limit=limit)
+        return {
+            "lines": [{"time": x.time, "source": x.source, "pid": x.pid, "text": x.text} for x in lines],
+            "next_after": lines[-1].time if lines else after,
+            "files": [{"name": f.name, "pid": f.pid, "bytes": sum(_size(p) for p in f.paths)} for f in files],
+            "folder": str(folder),
+            "exists": folder.is_dir(),
+        }
 
     @app.get(f"{API}/jobs/{{job}}/members", tags=["jobs"])
     def get_members(job: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -27,6 +28,7 @@ from ..algo.tasks.reward_pool import RewardPool
 from ..spec import JobSpec, TaskSpec
 from .engines import Sampling, make_engine
 from .fencing import check_fence, exit_stale_policy, exit_superseded
+from .logcapture import capture
 from .transport import fetch
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class RolloutWorker:
         import ray
         import torch
 
+        # first: whatever follows is in the job's logs (`rrl logs`), a failing start included
+        self.log = capture(workdir, f"rollout-{index}" if spare is None else f"rollout-spare-{spare}")
         torch.set_num_threads(max(1, int(os.environ.get("RRL_WORKER_THREADS", "1"))))
         self.spec = JobSpec.model_validate_json(spec_json)
         self.job, self.index = job, index
@@ -78,12 +82,15 @@ class RolloutWorker:
             self.member.close()  # leave at once: a worker that never started is not a member
             raise
         self.engine_start_s = round(time.monotonic() - t0, 2)
+        who = f"rollout worker {index}" if spare is None else f"rollout spare {spare}"
+        print(f"{who} of job {job}: {r.engine} engine up in {self.engine_start_s}s (pid {os.getpid()})",
+              file=sys.stderr, flush=True)  # fmt: skip
         self.member.update(status="ready" if spare is None else "spare", engine_start_s=self.engine_start_s)
 
     def _register(self, group: str, worker: str, **fields: Any) -> Registration:
         return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, version=self.version,
                             engine=self.spec.rollout.engine, ray_node=self._node, on_superseded=exit_superseded,
-                            **fields)  # fmt: skip
+                            log=self.log.path.name, **fields)  # fmt: skip
 
     def warm(self) -> dict[str, Any]:
         """A spare is warm once its engine is up (the constructor): this answers after it (and at
@@ -103,6 +110,7 @@ class RolloutWorker:
             raise ValueError("this spare runs another spec of the job (a leftover of an earlier run)")
         self.fence = token
         old, self.index, self.spare = self.member, index, None
+        self.log.rename(f"rollout-{index}")
         self.member = self._register("rollout", str(index), status="ready", engine_start_s=self.engine_start_s)
         old.close()
         if weights is not None:

@@ -20,6 +20,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -39,6 +40,7 @@ from controller.store import Store
 from ..naming import NAMESPACE, actor_name
 from ..spec import JobSpec
 from .fencing import check_fence, exit_superseded
+from .logcapture import capture
 from .train_core import StepRejected, TrainCore, batch_tensors, behaviour_logprobs, weights_digest
 from .transport import ObjectStoreTransport
 
@@ -107,6 +109,8 @@ class TrainerRank:
         strategy: str | None = None,
         spare: int | None = None,
     ) -> None:
+        # first: whatever follows is in the job's logs (`rrl logs`), a failing start included
+        self.log = capture(workdir, f"trainer-{rank}" if spare is None else f"trainer-spare-{spare}")
         torch.set_num_threads(max(1, int(os.environ.get("RRL_WORKER_THREADS", "1"))))
         torch.use_deterministic_algorithms(True)
         self.spec = JobSpec.model_validate_json(spec_json)
@@ -136,7 +140,8 @@ class TrainerRank:
 
     def _register(self, group: str, worker: str, **fields: Any) -> Registration:
         return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, world=self.world,
-                            ray_node=_node_id(), on_superseded=exit_superseded, **fields)  # fmt: skip
+                            ray_node=_node_id(), on_superseded=exit_superseded, log=self.log.path.name,
+                            **fields)  # fmt: skip
 
     def warm(self) -> dict[str, Any]:
         """A spare: build the model and optimizer now, alone (world 1, no process group), so that
@@ -169,6 +174,7 @@ class TrainerRank:
             raise RuntimeError(f"rank {self.rank} is not a spare")
         t0 = time.monotonic()
         self.rank, self.world, self.spare = rank, world, None
+        self.log.rename(f"trainer-{rank}")
         old, self.member = self.member, self._register("trainer", str(rank))
         old.close()
         device = self._join_group(master, joining=src is not None)
@@ -280,6 +286,10 @@ class TrainerRank:
         self.core = TrainCore(self.spec, self.model_dir, self.rank, self.world, self.strategy, device)
         received = self._load_state(restore, shadow, peer)
         self.member.update(status="ready", step=self.step, strategy=self.strategy)
+        origin = "a snapshot" if restore else "the shadow copy" if shadow else f"rank {peer}" if peer is not None else (
+            "the model folder")  # fmt: skip
+        print(f"trainer rank {self.rank} of {self.world} ({self.strategy}) of job {self.job}: ready at step "
+              f"{self.step} from {origin} (pid {os.getpid()})", file=sys.stderr, flush=True)  # fmt: skip
         return {
             "rank": self.rank,
             "step": self.step,
@@ -471,6 +481,9 @@ class TrainerRank:
         self._training = step
         try:
             return self._train_step(step, publish)
+        except StepRejected as e:  # the job fails with it: the rank's log says which step and why
+            log.error("rank %d: %s", self.rank, e)
+            raise
         finally:
             self._training = None
 

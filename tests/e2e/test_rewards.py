@@ -96,3 +96,34 @@ def test_a_dataset_job_reads_parquet_rows_and_scores_them_with_the_math_reward(
     for s in samples:
         assert s["reward_error"] is None
         assert s["reward"] == math_reward(valid[s["prompt_index"]]["a"], s["text"]), s
+
+
+def test_rrl_logs_follows_the_workers_output_with_a_raising_reward_functions_traceback(
+    platform: LivePlatform, tmp_path: Path
+) -> None:
+    """`rrl logs JOB -f --group rollout`, started as the job is submitted: it prints what the
+    rollout worker and its reward scorer processes write as they write it (the traceback of a
+    raising reward function among it) and ends by itself once the job has."""
+    import os
+    import subprocess
+    import sys
+
+    spec = _spec("e2e-logs", tmp_path, f"{FNS}:always_raises", max_reward_error_rate=1.0)
+    job = platform.submit(spec)
+    env = {**os.environ, "RRL_HOME": str(platform.home), "COLUMNS": "200"}
+    rrl = str(Path(sys.executable).parent / "rrl")
+    follow = subprocess.Popen([rrl, "logs", job, "-f", "--group", "rollout", "--etcd", platform.data["etcd"]],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        out, errs = follow.communicate(timeout=300)  # it ends by itself once the job has
+    finally:
+        follow.kill()
+    rec = platform.wait(job, timeout=60)
+    assert rec.phase == "SUCCEEDED", rec.state
+    assert follow.returncode == 0, errs
+    assert "Traceback (most recent call last):" in out, out[-3000:]
+    assert f"reward function {FNS}:always_raises raised" in out and "RuntimeError: boom on" in out, out[-3000:]
+    # afterwards: the whole group's output, the trainer's too, with their sources and times
+    r = run_rrl("logs", job, "--timestamps", "--etcd", platform.data["etcd"], env={"RRL_HOME": str(platform.home)})
+    assert r.returncode == 0 and "[rollout-0]" in r.stdout and "RuntimeError: boom on" in r.stdout, r.stdout + r.stderr
+    assert run_rrl("logs", job, "--worker", "0", env={"RRL_HOME": str(platform.home)}).returncode == 2

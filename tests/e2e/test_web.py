@@ -148,6 +148,13 @@ def test_job_page_live_scale_and_kill_a_worker(platform: LivePlatform, running_j
             assert page.evaluate("window.__notReloaded") is True
             page.screenshot(path=str(shots / "job-running.png"), full_page=True)
 
+            # a worker's captured output, fetched with the token (the logs route needs it)
+            page.locator('#workers-rollout tr[data-worker="0"] button.logs').click()
+            expect(page.locator("#log-title")).to_contain_text("rollout 0")
+            expect(page.locator("#log-view")).to_contain_text("engine up in", timeout=30_000)
+            page.click("#log-close")
+            expect(page.locator("#log-panel")).to_be_hidden()
+
             # scale rollout 1 -> 2 from the page: etcd's desired changes, the new worker shows up
             page.fill("#scale-rollout", "2")
             page.click("#do-scale-rollout")
@@ -160,7 +167,7 @@ def test_job_page_live_scale_and_kill_a_worker(platform: LivePlatform, running_j
 
             # kill rollout worker 1 from the page: the fault, then the recovery, in the timeline
             victim = jobs.get(platform.store, JOB).members["rollout"]["1"]["pid"]
-            page.locator('#workers-rollout tr[data-worker="1"] button').click()
+            page.locator('#workers-rollout tr[data-worker="1"] button.danger').click()
             expect(page.locator("#action-result")).to_contain_text(str(victim))
             fault = page.locator('#timeline tr.fault[data-kind="rollout_fault"]')
             expect(fault.first).to_be_visible(timeout=180_000)

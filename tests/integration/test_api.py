@@ -438,3 +438,43 @@ def test_the_kill_route_is_off_unless_the_controller_allows_it(etcd: EtcdServer)
             victim.wait()
     finally:
         off.stop()
+
+
+def test_worker_logs_need_the_token_and_are_merged_paged_and_selected(etcd: EtcdServer, tmp_path: Path) -> None:
+    """`GET /jobs/{job}/logs` reads the files the workers capture under <workdir>/logs (here
+    written by the test): token required, lines merged in time order, a group or one worker
+    selected, pages after a time, bad parameters refused naming them."""
+    from starlette.testclient import TestClient
+
+    from resilient_rl.spec import parse_spec
+
+    store = etcd.store()
+    s = parse_spec(spec("lg"))
+    jobs.submit(store, "lg", s.to_json(), {"rollout": 1, "trainer": 1})
+    app = create_app(store, token=TOKEN, served_by="t", validate_spec=_validate_spec,
+                     metrics_path=lambda rec: tmp_path / "metrics.jsonl")  # fmt: skip
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rollout-0.11.log").write_text("1.0 r a\n3.0 Traceback (most recent call last):\n5.0 r c\n")
+    (logs / "rollout-spare-0.13.log").write_text("2.5 spare\n")
+    (logs / "trainer-0.12.log").write_text("2.0 t a\n4.0 t b\n")
+    c = TestClient(app)
+    u = "/api/v1/jobs/lg/logs"
+    assert c.get(u).status_code == 401  # logs can hold secrets: unlike other reads, the token is needed
+    r = c.get(u, headers=AUTH).json()
+    assert [(x["source"], x["text"]) for x in r["lines"]] == [
+        ("rollout-0", "r a"), ("trainer-0", "t a"), ("rollout-spare-0", "spare"),
+        ("rollout-0", "Traceback (most recent call last):"), ("trainer-0", "t b"), ("rollout-0", "r c"),
+    ]  # fmt: skip
+    assert r["next_after"] == 5.0 and {f["name"] for f in r["files"]} == {"rollout-0", "rollout-spare-0", "trainer-0"}
+    r = c.get(u, headers=AUTH, params={"group": "trainer"}).json()
+    assert [x["text"] for x in r["lines"]] == ["t a", "t b"]
+    r = c.get(u, headers=AUTH, params={"group": "rollout", "worker": 0, "limit": 1}).json()
+    assert [x["text"] for x in r["lines"]] == ["r c"]  # the tail
+    r = c.get(u, headers=AUTH, params={"after": 2.0, "limit": 2}).json()
+    assert [x["text"] for x in r["lines"]] == ["spare", "Traceback (most recent call last):"]  # a page
+    assert r["next_after"] == 3.0
+    assert c.get(u, headers=AUTH, params={"worker": 0}).status_code == 422
+    bad = c.get(u, headers=AUTH, params={"group": "bogus"})
+    assert bad.status_code == 422 and "group" in bad.text
+    assert c.get("/api/v1/jobs/nope/logs", headers=AUTH).status_code == 404

@@ -185,11 +185,36 @@ function renderWorkers(groups, job, allowKill) {
         });
         td.appendChild(btn);
       }
+      if (g === "rollout" || g === "trainer") {  // its captured stdout/stderr (the logs route needs the token)
+        const lb = el("button", "logs", "logs");
+        lb.title = "this worker's output: stdout and stderr, tracebacks included";
+        lb.addEventListener("click", () => showLogs(job, g, w.id));
+        td.appendChild(lb);
+      }
       tr.appendChild(td);
       body.appendChild(tr);
     }
     box.appendChild(table);
   }
+}
+
+async function showLogs(job, group, id) {
+  const view = $("log-view");
+  $("log-panel").hidden = false;
+  $("log-title").textContent = "logs of " + group + " " + id + " (the newest 300 lines)";
+  view.textContent = "...";
+  const q = "?group=" + encodeURIComponent(group) + "&worker=" + encodeURIComponent(id) + "&limit=300";
+  const resp = await fetch("/api/v1/jobs/" + encodeURIComponent(job) + "/logs" + q,
+    { headers: { Authorization: "Bearer " + token() } });
+  const data = await resp.json().catch(() => ({}));
+  if (!resp.ok) {
+    const d = data.detail;
+    view.textContent = resp.status + ": " + (typeof d === "string" ? d : JSON.stringify(d));
+    return;
+  }
+  view.textContent = data.lines.length
+    ? data.lines.map((x) => new Date(x.time * 1000).toLocaleTimeString() + " " + x.text).join("\n")
+    : "(nothing captured yet in " + data.folder + ")";
 }
 
 function renderTable(id, rows, cells, rowClass) {
@@ -244,6 +269,7 @@ function setupJob() {
   $("do-scale-rollout").addEventListener("click", () => act(base + "/scale", { rollout: Number($("scale-rollout").value) }));
   $("do-scale-trainer").addEventListener("click", () => act(base + "/scale", { trainer: Number($("scale-trainer").value) }));
   $("do-cancel").addEventListener("click", () => { if (confirm("Cancel job " + job + "?")) act(base + "/cancel"); });
+  $("log-close").addEventListener("click", () => { $("log-panel").hidden = true; });
   const source = new EventSource(base + "/stream");
   source.addEventListener("view", (ev) => renderView(JSON.parse(ev.data)));
   source.addEventListener("trouble", (ev) => { $("live").textContent = "etcd trouble: " + JSON.parse(ev.data).detail; });

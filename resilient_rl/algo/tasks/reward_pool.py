@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
@@ -234,7 +235,16 @@ def _scorer(ref: str) -> Callable[[list[tuple[str, str, str]]], list[RewardResul
     if ref.startswith(_SERVER):
         return ServerScorer.from_config(ref[len(_SERVER) :]).score
     fn = load_reward_fn(ref)
-    return lambda calls: [call_reward_fn(fn, p, c, a) for p, c, a in calls]
+    raised = 0
+
+    def show(e: Exception) -> None:  # the worker's log has the traceback (`rrl logs JOB --group rollout`)
+        nonlocal raised
+        raised += 1
+        if raised <= 3 or raised % 100 == 0:
+            print(f"reward function {ref} raised (call {raised} of this scorer process):", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+
+    return lambda calls: [call_reward_fn(fn, p, c, a, on_error=show) for p, c, a in calls]
 
 
 def _serve(ref: str, fd: int) -> None:

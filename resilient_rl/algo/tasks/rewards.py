@@ -66,18 +66,23 @@ def load_reward_fn(ref: str | None) -> RewardFn:
     return obj
 
 
-def call_reward_fn(fn: RewardFn, prompt: str, completion: str, answer: str) -> RewardResult:
+def call_reward_fn(
+    fn: RewardFn, prompt: str, completion: str, answer: str, on_error: Callable[[Exception], None] | None = None
+) -> RewardResult:
     """Call a user reward function defensively.
 
     The raw completion is passed (the user decides how to normalise it). If the function raises, or
     returns a non-number, NaN, an infinity or a number outside ``[0, 1]``, the reward is ``0.0`` with
     ``error`` set to ``"<ExcType>: message"``: a reward of ``inf`` clamped to 1.0 would be a reward the
     policy learns to exploit, so a value out of range is the function's bug, not a high score. Nothing
-    propagates except ``BaseException``s such as ``KeyboardInterrupt``.
+    propagates except ``BaseException``s such as ``KeyboardInterrupt``. ``on_error`` is called
+    with what the function raised (inside the ``except``: a traceback can be printed there).
     """
     try:
         raw = fn(prompt, completion, answer)
     except Exception as e:
+        if on_error is not None:
+            on_error(e)
         return RewardResult(0.0, error=f"{type(e).__name__}: {e}")
     return checked_value(raw)
 
