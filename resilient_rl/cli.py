@@ -23,7 +23,6 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 app = typer.Typer(
     name="rrl",
@@ -522,13 +521,16 @@ def _job_row(j: dict[str, Any]) -> list[str]:
     ]
 
 
-def _jobs_table(summaries: list[dict[str, Any]]) -> Table:
-    t = Table(box=None, header_style="bold")
-    for col in ("JOB", "PHASE", "STEP", "POLICY", "REWARD", "WORKERS"):
-        t.add_column(col)
-    for j in summaries:
-        t.add_row(*_job_row(j))
-    return t
+def _table(headers: tuple[str, ...], rows: list[list[str]]) -> str:
+    """Columns padded to their widest cell, two spaces apart, no cell ever wrapped or cut (as
+    kubectl prints): a line longer than the terminal runs on rather than break a value."""
+    cells = [list(headers), *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def _jobs_table(summaries: list[dict[str, Any]]) -> str:
+    return _table(("JOB", "PHASE", "STEP", "POLICY", "REWARD", "WORKERS"), [_job_row(j) for j in summaries])
 
 
 @app.command()
@@ -546,7 +548,7 @@ def status(
         if output == "json":
             out.print_json(json.dumps(rec))
             return
-        out.print(_jobs_table([rec["summary"]]))
+        print(_jobs_table([rec["summary"]]))
         if rec["state"].get("reason"):
             out.print(f"reason: {rec['state']['reason']}")
         if rec["summary"].get("reward_errors"):
@@ -563,7 +565,7 @@ def status(
     if output == "json":
         out.print_json(json.dumps({"jobs": summaries, "controllers": ctrls}))
         return
-    out.print(_jobs_table(summaries) if summaries else "no jobs")
+    print(_jobs_table(summaries) if summaries else "no jobs")
     leader = next((c["id"] for c in ctrls if c["leader"]), None)
     out.print(f"controllers: {len(ctrls)} ({'leader ' + leader if leader else 'no leader'})")
     if ctrls and ctrls[0].get("http"):
@@ -578,7 +580,7 @@ def list_(output: OutputOpt = "table", etcd: EtcdOpt = None, api: ApiOpt = None)
     if output == "json":
         out.print_json(json.dumps([{"id": j["id"], "phase": j["phase"], "step": j["step"]} for j in summaries]))
     elif summaries:
-        out.print(_jobs_table(summaries))
+        print(_jobs_table(summaries))
     else:
         out.print("no jobs")
 
@@ -776,14 +778,9 @@ def checkpoints(
         every = _call(client, "GET", _jp(job))["spec"].get("checkpoint", {}).get("every")
         out.print(f"{job}: no committed snapshots yet (one every {every} steps)")
         return
-    t = Table(box=None, header_style="bold")
-    for col in ("STEP", "SIZE", "BLOCKING S", "TOTAL S", "STATUS", "PATH"):
-        t.add_column(col)
-    for c in rows:
-        status = c["status"]
-        t.add_row(str(c["step"]), f"{c.get('bytes', 0) / 1e6:.1f} MB", f"{c.get('blocking_s', 0):.3f}",
-                  f"{c.get('seconds', 0):.2f}", status, c.get("uri", ""))  # fmt: skip
-    out.print(t)
+    print(_table(("STEP", "SIZE", "BLOCKING S", "TOTAL S", "STATUS", "PATH"),
+                 [[str(c["step"]), f"{c.get('bytes', 0) / 1e6:.1f} MB", f"{c.get('blocking_s', 0):.3f}",
+                   f"{c.get('seconds', 0):.2f}", c["status"], c.get("uri", "")] for c in rows]))  # fmt: skip
 
 
 @app.command()

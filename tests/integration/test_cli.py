@@ -61,8 +61,10 @@ def test_submit_valid_then_status_and_cancel(etcd: EtcdServer, rrl_home: Path) -
     rec = json.loads(r.stdout)
     assert rec["id"] == "copy-tiny" and rec["phase"] == "PENDING"
     assert rec["spec"]["steps"] == 600 and rec["desired"]["rollout"] == 1 and rec["desired"]["trainer"] == 2
-    r = run_rrl("status", "--etcd", etcd.endpoint)
+    r = run_rrl("status", "--etcd", etcd.endpoint, env={"COLUMNS": "80"})
     assert "copy-tiny" in r.stdout and "PENDING" in r.stdout
+    row = next(line for line in r.stdout.splitlines() if line.startswith("copy-tiny"))
+    assert row.split() == ["copy-tiny", "PENDING", "0/600", "0", "-", "rollout", "0/1", "trainer", "0/2"], r.stdout
     r = run_rrl("list", "--etcd", etcd.endpoint, "-o", "json")
     assert json.loads(r.stdout)[0]["id"] == "copy-tiny"
     r = run_rrl("scale", "copy-tiny", "--rollout", "3", "--etcd", etcd.endpoint)
