@@ -15,7 +15,8 @@ class WeightStore:
     Ray frees an object when its owner dies. For each bucket of a new version rank 0 asks
     this actor to ``pull`` it, and the store calls rank 0's ``export``: the caller of a method
     owns its return value, so the bucket, written once into the object store by rank 0, is
-    this actor's object and survives trainer restarts. ``seal`` then makes the version's
+    this actor's object and survives trainer restarts; a copy of it on this actor's node (a
+    no-op on one node) survives the loss of rank 0's node. ``seal`` then makes the version's
     handle. The store never deserializes a bucket (nor imports torch for one). It keeps the
     newest few versions alive for workers still loading them, and the trainer's shadow
     copies (``put_shadow``).
@@ -30,8 +31,8 @@ class WeightStore:
 
     def pull(self, version: int, index: int, source: Any) -> int:
         """Take bucket ``index`` of ``version`` from ``source`` (rank 0, which has it staged, see
-        ``transport.ObjectStoreTransport``); returns once it is in the object store. Raises
-        what the export raised."""
+        ``transport.ObjectStoreTransport``); returns once it is in the object store of this
+        actor's node. Raises what the export raised."""
         import ray
 
         from .transport import BUCKET_TIMEOUT_S
@@ -41,6 +42,11 @@ class WeightStore:
         got = ray.get(status, timeout=BUCKET_TIMEOUT_S)
         if got != index:
             raise RuntimeError(f"rank 0 exported bucket {got} of version {version} for bucket {index}")
+        # a copy on this actor's node (the stable one): the bucket's first copy is on rank 0's
+        # node, and a bucket that lived only there would die with that node (seen in the node
+        # loss test: a rollout worker's load_weights failed, ObjectReconstructionFailedError).
+        # On one node the bucket is already here: nothing is copied.
+        ray.wait([ref], timeout=BUCKET_TIMEOUT_S, fetch_local=True)
         have = self._buckets.setdefault(version, [])
         if index == 0:
             have.clear()  # a publish of this version started again (the one before died half-way)

@@ -186,6 +186,21 @@ def test_job_page_live_scale_and_kill_a_worker(platform: LivePlatform, running_j
             page.wait_for_function(f"Number(document.getElementById('step').textContent) > {s1}", timeout=120_000)
             expect(page.locator("#workers-rollout tbody tr")).to_have_count(2, timeout=120_000)
             page.screenshot(path=str(shots / "recovered.png"), full_page=True)
+
+            # cancel from the page: once the job has ended the page looks it (no live stream, no
+            # scale or cancel buttons), and a fresh load of it too
+            page.click("#do-cancel")
+            expect(page.locator("#phase")).to_have_text("CANCELLED", timeout=120_000)
+            expect(page.locator("#live")).to_contain_text("ended: cancelled")
+            for button in ("#do-cancel", "#do-scale-rollout", "#do-scale-trainer"):
+                expect(page.locator(button)).to_be_hidden()
+            expect(page.locator("#workers button.danger")).to_have_count(0)  # no kill on an ended job
+            page.goto(f"{url}/jobs/{JOB}#token={token}")
+            expect(page.locator("#live")).to_contain_text("ended: cancelled")
+            expect(page.locator("#do-cancel")).to_be_hidden()
+            page.wait_for_timeout(3000)  # no stream: nothing turns it back to "live" or "reconnecting"
+            expect(page.locator("#live")).to_contain_text("ended: cancelled")
+            page.screenshot(path=str(shots / "job-ended.png"), full_page=True)
         finally:
             browser.close()
     assert (shots / "recovery.png").stat().st_size > 10_000

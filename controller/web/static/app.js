@@ -229,8 +229,17 @@ function renderTable(id, rows, cells, rowClass) {
   }
 }
 
+const ENDED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+let stream = null;  // the job page's live view (closed once the job has ended)
+
 function renderView(v) {
   const s = v.summary;
+  const ended = ENDED.has(s.phase);
+  // a finished job takes no scale or cancel; the token stays (the workers' logs need it)
+  for (const id of ["scale-rollout", "do-scale-rollout", "scale-trainer", "do-scale-trainer", "do-cancel"]) {
+    const e = $(id);
+    (e.closest("label") || e).hidden = ended;
+  }
   $("phase").textContent = s.phase;
   $("phase").className = "phase phase-" + s.phase;
   $("reason").textContent = s.reason || "";
@@ -248,7 +257,7 @@ function renderView(v) {
   $("controllers").textContent = v.controllers.map((c) => c.id + (c.leader ? " (leader)" : "")).join(", ");
   plot($("plot-reward"), v.history, "reward", v.markers, s.step);
   plot($("plot-tps"), v.history, "tokens_per_s", v.markers, s.step);
-  renderWorkers(v.workers, s.id, !!v.allow_kill);
+  renderWorkers(v.workers, s.id, !!v.allow_kill && !ended);  // no kill button on a job that has ended
   renderTable("checkpoints", v.checkpoints.slice().reverse(), (c) => [
     c.step, c.bytes ? (c.bytes / 1e6).toFixed(1) + " MB" : "-", fmt(c.blocking_s, 3), fmt(c.seconds, 2), c.status,
   ]);
@@ -257,7 +266,13 @@ function renderView(v) {
   renderTable("timeline", v.events.slice().reverse(),
     (e) => [new Date(e.time * 1000).toLocaleTimeString(), e.kind, e.message, e.seconds !== undefined ? fmt(e.seconds, 1) + "s" : ""],
     (e) => (faults.has(e.seq) ? "fault" : recov.has(e.seq) ? "recovery" : ""));
-  $("live").textContent = "live, updated " + new Date(v.time * 1000).toLocaleTimeString();
+  if (ended) {
+    $("live").textContent = "ended: " + s.phase.toLowerCase() + " at step " + s.step + " (as of " +
+      new Date(v.time * 1000).toLocaleTimeString() + ")";
+    if (stream) { stream.close(); stream = null; }
+  } else {
+    $("live").textContent = "live, updated " + new Date(v.time * 1000).toLocaleTimeString();
+  }
 }
 
 function setupJob() {
@@ -270,11 +285,12 @@ function setupJob() {
   $("do-scale-trainer").addEventListener("click", () => act(base + "/scale", { trainer: Number($("scale-trainer").value) }));
   $("do-cancel").addEventListener("click", () => { if (confirm("Cancel job " + job + "?")) act(base + "/cancel"); });
   $("log-close").addEventListener("click", () => { $("log-panel").hidden = true; });
-  const source = new EventSource(base + "/stream");
+  if (ENDED.has(initial.summary.phase)) return;  // nothing more will change: no live stream
+  const source = stream = new EventSource(base + "/stream");
   source.addEventListener("view", (ev) => renderView(JSON.parse(ev.data)));
   source.addEventListener("trouble", (ev) => { $("live").textContent = "etcd trouble: " + JSON.parse(ev.data).detail; });
-  source.addEventListener("gone", () => { $("live").textContent = "job deleted"; source.close(); });
-  source.onerror = () => { $("live").textContent = "reconnecting..."; };
+  source.addEventListener("gone", () => { $("live").textContent = "job deleted"; source.close(); stream = null; });
+  source.onerror = () => { if (stream) $("live").textContent = "reconnecting..."; };
 }
 
 if (document.body.dataset.page === "job") setupJob();
