@@ -295,7 +295,7 @@ def create_app(
             "spec": {"steps": rec.spec.get("steps"), "task": rec.spec.get("task", {}).get("kind")},
             "workers": views.workers(rec, evs),
             "checkpoints": views.checkpoint_rows(rec),
-            "events": evs[-300:],
+            "events": views.annotate(evs)[-300:],
             "history": views.downsample(points),
             "markers": views.markers(evs, points),
             "leader": leader.value.decode() if leader else None,

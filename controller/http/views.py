@@ -52,6 +52,59 @@ def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+_SCALING = frozenset({Kind.SCALE, Kind.AUTOSCALE, Kind.ROLLOUT_JOINED, Kind.WORKERS_REAPED})
+_TAKE_OVER = frozenset({Kind.LEADER, Kind.REPLAY, Kind.SHADOW_RESTORED})
+
+
+def annotate(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events (oldest first) each with the ``category`` the page filters by: ``fault``,
+    ``recovery`` (a group back, a fault's worker rejoined, a take-over, a replay),
+    ``scaling``, ``snapshot`` or ``job`` (its lifecycle and the rest). Each fault also gets
+    ``path`` (how it was recovered: ``hot`` / ``cold`` trainer restart, a warm ``spare``, a
+    new ``process``) and ``mttr_s`` (seconds to its recovery) once its recovery is in the
+    list; its ``detection_s`` is the driver's own."""
+    recovered = {e["seq"] for e in recoveries(events)}
+    rollout_open: dict[Any, list[dict[str, Any]]] = {}  # worker -> its open faults' rows (a hang, then its kill)
+    trainer_open: list[dict[str, Any]] = []
+    out = []
+    for ev in events:
+        kind, row = ev.get("kind"), dict(ev)
+        if is_fault(ev) or kind == Kind.TRAINER_HANG:
+            row["category"] = "fault"
+            if kind in ROLLOUT_FAULTS:
+                if kind == Kind.ROLLOUT_FAULT:
+                    row["path"] = "spare" if ev.get("spare") else "process"
+                rollout_open.setdefault(ev.get("worker"), []).append(row)
+            elif kind in (Kind.TRAINER_RESTART, Kind.TRAINER_HANG):
+                if ev.get("recovery"):
+                    row["path"] = ev["recovery"]
+                trainer_open.append(row)
+        elif kind in (Kind.TRAINER_RESTART, Kind.TRAINER_RECOVERED) and ev.get("resize"):
+            row["category"] = "scaling"  # a resize's restart and return: no fault, no recovery
+        elif ev.get("seq") in recovered or kind in _TAKE_OVER:
+            row["category"] = "recovery"
+        elif kind in _SCALING:
+            row["category"] = "scaling"
+        elif kind == Kind.SNAPSHOT:
+            row["category"] = "snapshot"
+        else:
+            row["category"] = "job"
+        if kind == Kind.ROLLOUT_JOINED:
+            for f in rollout_open.pop(ev.get("worker"), []):
+                f["mttr_s"] = round(ev["time"] - f["time"], 3)
+        elif kind == Kind.GROUP_RESTORED and ev.get("group", "rollout") == "rollout":
+            for f in (f for fs in rollout_open.values() for f in fs):
+                f.setdefault("mttr_s", round(ev["time"] - f["time"], 3))
+            rollout_open.clear()
+        elif kind == Kind.TRAINER_RECOVERED and not ev.get("resize"):
+            for f in trainer_open:
+                f["mttr_s"] = round(ev["time"] - f["time"], 3)
+                f.setdefault("path", ev.get("recovery"))
+            trainer_open.clear()
+        out.append(row)
+    return out
+
+
 def recovered_count(events: list[dict[str, Any]]) -> int:
     """How many worker faults were recovered from: a rollout fault by the next join of
     that worker (or the group being restored), a trainer fault by ``trainer_recovered``."""

@@ -176,6 +176,21 @@ def test_job_page_live_scale_and_kill_a_worker(platform: LivePlatform, running_j
             expect(recovery.first).to_be_visible(timeout=180_000)
             page.screenshot(path=str(shots / "recovery.png"), full_page=True)
             expect(page.locator('#plot-reward line[data-what="fault"]').first).to_be_attached()
+            # both markers show, in shapes of their own (a fault and its recovery share a step)
+            expect(page.locator('#plot-reward polygon[data-what="fault"]').first).to_be_attached()
+            expect(page.locator('#plot-reward circle[data-what="recovery"]').first).to_be_attached()
+            # faults first: the default filter shows no snapshot rows; each fault row says how it was
+            # detected, which path recovered it and how long that took
+            expect(page.locator('#timeline tr[data-kind="snapshot"]')).to_have_count(0)
+            expect(fault.first.locator("td").last).to_contain_text("spare", timeout=60_000)
+            expect(fault.first.locator("td").last).to_contain_text("back in")
+            page.select_option("#event-filter", "snapshots")  # every snapshot event, folded into one row
+            expect(page.locator("#timeline tbody tr")).to_have_count(1)
+            snaps = [e for e in events.read(platform.store, JOB, limit=2000) if e["kind"] == "snapshot"]
+            assert int(page.locator("#timeline tbody tr").get_attribute("data-count") or 1) >= min(len(snaps), 2)
+            page.select_option("#event-filter", "all")
+            expect(page.locator('#timeline tr[data-kind="scale"]').first).to_be_visible()
+            page.select_option("#event-filter", "faults")
             assert int(page.locator("#failures").inner_text()) >= 1
             assert int(page.locator("#recoveries").inner_text()) >= 1
             assert page.evaluate("window.__notReloaded") is True

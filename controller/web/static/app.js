@@ -148,6 +148,16 @@ function plot(svg, points, key, markers, lastStep) {
     title.textContent = m.kind + ": " + m.message;
     line.appendChild(title);
     svg.appendChild(line);
+    // a shape of its own, so that a fault and its recovery at the same step both show:
+    // a triangle at the top for a fault, a dot at the bottom for a recovery
+    const cx = x(m.step);
+    const shape = m.what === "fault"
+      ? svgEl("polygon", { points: (cx - 4) + "," + T + " " + (cx + 4) + "," + T + " " + cx + "," + (T + 7), fill: colour, "data-what": m.what })
+      : svgEl("circle", { cx, cy: H - B - 3, r: 3, fill: colour, "data-what": m.what });
+    const t2 = svgEl("title", {});
+    t2.textContent = title.textContent;
+    shape.appendChild(t2);
+    svg.appendChild(shape);
   }
   if (pts.length) {
     const d = pts.map((p, i) => (i ? "L" : "M") + x(p.step).toFixed(1) + " " + y(p[key]).toFixed(1)).join(" ");
@@ -229,6 +239,55 @@ function renderTable(id, rows, cells, rowClass) {
   }
 }
 
+// --- the event table: faults and recoveries first (the view's `category`), repeated snapshots folded
+
+const SHOWN = {
+  faults: new Set(["fault", "recovery", "job"]),
+  scaling: new Set(["scaling", "job"]),
+  snapshots: new Set(["snapshot"]),
+  all: null,
+};
+let lastEvents = [];
+
+function foldSnapshots(rows) {  // newest first: a run of snapshot rows becomes one row with a count
+  const out = [];
+  for (const e of rows) {
+    const prev = out[out.length - 1];
+    if (e.kind === "snapshot" && prev && prev.kind === "snapshot") {
+      prev.count = (prev.count || 1) + 1;
+      prev.oldestTime = e.time;
+      continue;
+    }
+    out.push(Object.assign({}, e));
+  }
+  for (const e of out) {
+    if (e.count) e.message = e.message + " (and " + (e.count - 1) + " more since " +
+      new Date(e.oldestTime * 1000).toLocaleTimeString() + ")";
+  }
+  return out;
+}
+
+function faultDetails(e) {
+  if (e.category !== "fault") return e.seconds !== undefined ? fmt(e.seconds, 1) + "s" : "";
+  const parts = [];
+  parts.push(e.detection_s !== undefined && e.detection_s !== null ? "detected in " + fmt(e.detection_s, 1) + "s" : "-");
+  parts.push(e.path || "-");
+  parts.push(e.mttr_s !== undefined ? "back in " + fmt(e.mttr_s, 1) + "s" : "not yet back");
+  return parts.join(" \u00b7 ");
+}
+
+function renderEvents() {
+  const which = SHOWN[$("event-filter").value];
+  const rows = foldSnapshots(lastEvents.slice().reverse().filter((e) => !which || which.has(e.category)));
+  renderTable("timeline", rows,
+    (e) => [new Date(e.time * 1000).toLocaleTimeString(), e.kind, e.message, faultDetails(e)],
+    (e) => (e.category === "fault" ? "fault" : e.category === "recovery" ? "recovery" : ""));
+  for (const tr of $("timeline").tBodies[0].rows) {
+    const e = rows[tr.sectionRowIndex];
+    if (e.count) tr.dataset.count = e.count;
+  }
+}
+
 const ENDED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
 let stream = null;  // the job page's live view (closed once the job has ended)
 
@@ -261,11 +320,8 @@ function renderView(v) {
   renderTable("checkpoints", v.checkpoints.slice().reverse(), (c) => [
     c.step, c.bytes ? (c.bytes / 1e6).toFixed(1) + " MB" : "-", fmt(c.blocking_s, 3), fmt(c.seconds, 2), c.status,
   ]);
-  const faults = new Set(v.markers.filter((m) => m.what === "fault").map((m) => m.seq));
-  const recov = new Set(v.markers.filter((m) => m.what === "recovery").map((m) => m.seq));
-  renderTable("timeline", v.events.slice().reverse(),
-    (e) => [new Date(e.time * 1000).toLocaleTimeString(), e.kind, e.message, e.seconds !== undefined ? fmt(e.seconds, 1) + "s" : ""],
-    (e) => (faults.has(e.seq) ? "fault" : recov.has(e.seq) ? "recovery" : ""));
+  lastEvents = v.events;
+  renderEvents();
   if (ended) {
     $("live").textContent = "ended: " + s.phase.toLowerCase() + " at step " + s.step + " (as of " +
       new Date(v.time * 1000).toLocaleTimeString() + ")";
@@ -285,6 +341,7 @@ function setupJob() {
   $("do-scale-trainer").addEventListener("click", () => act(base + "/scale", { trainer: Number($("scale-trainer").value) }));
   $("do-cancel").addEventListener("click", () => { if (confirm("Cancel job " + job + "?")) act(base + "/cancel"); });
   $("log-close").addEventListener("click", () => { $("log-panel").hidden = true; });
+  $("event-filter").addEventListener("change", renderEvents);
   if (ENDED.has(initial.summary.phase)) return;  // nothing more will change: no live stream
   const source = stream = new EventSource(base + "/stream");
   source.addEventListener("view", (ev) => renderView(JSON.parse(ev.data)));
