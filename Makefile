@@ -9,7 +9,7 @@ RRL := $(VENV)/bin/rrl
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup etcd chromium lint test demo bench down clean
+.PHONY: setup etcd chromium promtool lint test demo bench down clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed")'
@@ -22,13 +22,16 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-setup: $(STAMP) etcd chromium
+setup: $(STAMP) etcd chromium promtool
 
 etcd:
 	@deploy/local/install-etcd.sh
 
 chromium:
 	@deploy/local/install-chromium.sh
+
+promtool:
+	@deploy/local/install-promtool.sh
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -551,6 +551,13 @@ def status(
         print(_jobs_table([rec["summary"]]))
         if rec["state"].get("reason"):
             out.print(f"reason: {rec['state']['reason']}")
+        g = rec.get("goodput") or {}
+        if g.get("ettr") is not None:
+            print(f"goodput: ETTR {g['ettr']:.3f} since the first step, "
+                  + (f"{g['ettr_last_hour']:.3f}" if g.get("ettr_last_hour") is not None else "-")
+                  + f" over the last hour; {g.get('steps_replayed', 0)} steps replayed, "
+                  f"{g.get('samples_regenerated_est', 0)} samples regenerated (estimate), "
+                  f"{g.get('recovery_s', 0)} s in recovery over {g.get('faults', 0)} fault(s)")  # fmt: skip
         if rec["summary"].get("reward_errors"):
             out.print(f"reward errors: {rec['summary']['reward_errors']} samples scored 0 (`rrl events {job}`)")
         for group, members in sorted(rec["members"].items()):

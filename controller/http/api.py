@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from starlette.concurrency import run_in_threadpool
 
 from .. import events as event_log
-from .. import jobs, keys, service, worker_logs
+from .. import goodput, jobs, keys, service, worker_logs
 from ..store import EtcdError, EtcdUnavailable, Store
 from . import pages, views
 from .metrics import EtcdCollector
@@ -233,7 +233,7 @@ def create_app(
     node = socket.gethostname()
     bearer = HTTPBearer(auto_error=False)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EtcdCollector(store, etcd_errors))
+    registry.register(EtcdCollector(store, etcd_errors, history.get))
 
     # (a default, not Annotated[...]: string annotations cannot see this function's locals)
     def authorize(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -290,12 +290,14 @@ def create_app(
         evs = job_events(job)
         points = history.get(rec)
         leader = store.get(keys.leader())
+        annotated = views.annotate(evs)
         return {
             "summary": views.summary(rec, evs),
+            "goodput": goodput.live(points, annotated, rec.spec, rec.state, time.time()),
             "spec": {"steps": rec.spec.get("steps"), "task": rec.spec.get("task", {}).get("kind")},
             "workers": views.workers(rec, evs),
             "checkpoints": views.checkpoint_rows(rec),
-            "events": views.annotate(evs)[-300:],
+            "events": annotated[-300:],
             "history": views.downsample(points),
             "markers": views.markers(evs, points),
             "leader": leader.value.decode() if leader else None,
@@ -318,9 +320,12 @@ def create_app(
 
     @app.get(f"{API}/jobs/{{job}}", tags=["jobs"])
     def get_job(job: str) -> dict[str, Any]:
-        """The job's record (spec, desired, state, members, checkpoints) and its overview line."""
+        """The job's record (spec, desired, state, members, checkpoints), its overview line and its
+        goodput (ETTR since the start and over the last hour, lost work: ``controller/goodput.py``)."""
         rec = record(job)
-        return {**rec.to_dict(), "summary": views.summary(rec, job_events(job))}
+        evs = job_events(job)
+        live = goodput.live(history.get(rec), views.annotate(evs), rec.spec, rec.state, time.time())
+        return {**rec.to_dict(), "summary": views.summary(rec, evs), "goodput": live}
 
     @app.get(f"{API}/jobs/{{job}}/view", tags=["jobs"])
     def get_view(job: str) -> dict[str, Any]:

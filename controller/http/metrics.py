@@ -1,15 +1,17 @@
 """Prometheus ``/metrics``, computed from etcd at scrape time.
 
-Nothing is kept in memory except the count of etcd errors this process saw:
-any controller (leader or standby) gives the same numbers, and a restarted one
-loses nothing. One scrape costs one range read of ``jobs/`` plus one of each
+Nothing is kept in memory except the count of etcd errors this process saw
+(and the per-step points the page plots, read from the job's metrics.jsonl, which
+the goodput gauges use): any controller (leader or standby) gives the same
+numbers, and a restarted one loses nothing. One scrape costs one range read of ``jobs/`` plus one of each
 job's event log (bounded at 2000 events).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.metrics_core import (
@@ -20,7 +22,7 @@ from prometheus_client.metrics_core import (
 )
 
 from .. import events as event_log
-from .. import jobs, keys
+from .. import goodput, jobs, keys
 from ..store import EtcdError, Store
 from . import views
 
@@ -32,9 +34,12 @@ RECOVERY_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 60
 class EtcdCollector:
     """A prometheus_client collector reading job state and events from etcd."""
 
-    def __init__(self, store: Store, etcd_errors: Any) -> None:
+    def __init__(
+        self, store: Store, etcd_errors: Any, points: Callable[[jobs.JobRecord], list[Any]] | None = None
+    ) -> None:
         self.store = store
         self.etcd_errors = etcd_errors
+        self.points = points  # a job's committed steps, as the page plots them (for the goodput gauges)
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("rrl_etcd_up", "1 if this scrape could read etcd.")
@@ -94,8 +99,19 @@ class EtcdCollector:
             "Time from a fault to its recovery, from the events that carry it (kind: which recovery).",
             labels=["job", "kind"],
         )
+        ettr = gauge("rrl_job_ettr", "Effective training time ratio since the first step (controller/goodput.py).")
+        ettr_hour = gauge("rrl_job_ettr_last_hour", "Effective training time ratio over the last hour.")
+        replayed = gauge("rrl_job_goodput_steps_replayed", "Steps trained again after a restart (replay events).")
+        regenerated = gauge("rrl_job_goodput_samples_regenerated", "Rollout samples generated again (estimate).")
+        in_recovery = gauge("rrl_job_goodput_recovery_seconds", "Time with at least one fault not recovered from.")
+        now = time.time()
         for rec in records:
             st, evs = rec.state, logs.get(rec.id, [])
+            g = goodput.live(self.points(rec) if self.points else [], views.annotate(evs), rec.spec, st, now)
+            for fam, key in ((ettr, "ettr"), (ettr_hour, "ettr_last_hour"), (replayed, "steps_replayed"),
+                             (regenerated, "samples_regenerated_est"), (in_recovery, "recovery_s")):  # fmt: skip
+                if g.get(key) is not None:
+                    fam.add_metric([rec.id], float(g[key]))
             step.add_metric([rec.id], int(st.get("step") or 0))
             total.add_metric([rec.id], int(rec.spec.get("steps") or 0))
             phase.add_metric([rec.id, rec.phase], 1)
@@ -129,4 +145,4 @@ class EtcdCollector:
                 buckets = [(str(b), sum(1 for s in secs if s <= b)) for b in RECOVERY_BUCKETS]
                 recovery.add_metric([rec.id, kind], [*buckets, ("+Inf", len(secs))], sum(secs))
         yield from (step, total, phase, step_s, tps, reward, policy, ck_block, ck_total, ck_bytes)
-        yield from (workers, restarts, faults, recovery)
+        yield from (workers, restarts, faults, recovery, ettr, ettr_hour, replayed, regenerated, in_recovery)

@@ -12,7 +12,8 @@ Per fault (all in seconds after the injection):
   size again *and* the process the fault hit is no longer a member (for kills
   and hangs); this is the "back to desired group size" figure.
 
-ETTR = committed steps x fault-free mean step time / wall time. The fault-free
+ETTR = committed steps x fault-free mean step time / wall time, as
+``controller/goodput.py`` defines it for the live gauges too. The fault-free
 mean step time is the run's median ``step_seconds`` (robust to the slow steps
 around faults) unless a baseline is given. Two walls: ``ettr`` over the training
 phase (first step's start to last commit) and ``ettr_total`` from the job's
@@ -30,6 +31,8 @@ from __future__ import annotations
 import statistics
 from datetime import datetime
 from typing import Any
+
+from controller import goodput as goodput_def
 
 DETECT: dict[str, tuple[str, ...]] = {
     "rollout_kill": ("rollout_fault", "rollout_hang"),
@@ -175,25 +178,25 @@ def goodput(
     """ETTR figures (see module doc). ``injections``: the faults' injection times."""
     steps = len(metrics)
     secs = [float(m["step_seconds"]) for m in metrics if isinstance(m.get("step_seconds"), int | float)]
-    base = baseline_step_s if baseline_step_s else (statistics.median(secs) if secs else None)
+    base = baseline_step_s if baseline_step_s else goodput_def.fault_free_step_s(secs)
     out: dict[str, Any] = {"committed_steps": steps, "fault_free_step_s": base, "ettr": None, "ettr_total": None}
     times = sorted(float(m["time"]) for m in metrics if "time" in m)
     if base and times and secs:
         first_start = times[0] - secs[0]
         wall = times[-1] - first_start
         out["wall_s"] = round(wall, 2)
-        out["ettr"] = round(min(1.0, steps * base / wall), 4) if wall > 0 else None
+        out["ettr"] = goodput_def.ettr(steps, base, wall)
         started, finished = final_state.get("started_at"), final_state.get("finished_at")
         if isinstance(started, int | float) and isinstance(finished, int | float) and finished > started:
             out["wall_total_s"] = round(finished - started, 2)
-            out["ettr_total"] = round(min(1.0, steps * base / (finished - started)), 4)
+            out["ettr_total"] = goodput_def.ettr(steps, base, finished - started)
         inj = sorted(injections or [])
         if len(inj) >= 2 and inj[-1] > inj[0]:
             lo, hi = inj[0], inj[-1]
             inside = sum(1 for m in metrics if "time" in m and lo <= float(m["time"]) < hi)  # commits in [lo, hi)
             out["window_s"] = round(hi - lo, 2)
             out["window_faults"] = len(inj) - 1
-            out["ettr_window"] = round(min(1.0, inside * base / (hi - lo)), 4)
+            out["ettr_window"] = goodput_def.ettr(inside, base, hi - lo)
     return out
 
 
@@ -206,14 +209,8 @@ def lost_work(
     flight; an upper bound: a worker that died idle lost none). ``shards_rewritten_seen``:
     shard files the harness saw replaced in the journal (a lower bound: it polls).
     """
-    replayed = 0
-    for e in events:
-        if e.get("kind") == "replay" and isinstance(e.get("first"), int) and isinstance(e.get("last"), int):
-            replayed += e["last"] - e["first"] + 1
-    lost_shards = sum(e.get("kind") in ("rollout_hang", "rollout_fault") for e in events)
     out: dict[str, Any] = {
-        "steps_replayed": replayed,
-        "samples_regenerated_est": int(lost_shards * samples_per_shard),
+        **goodput_def.lost(events, samples_per_shard),
         "trainer_restarts": sum(e.get("kind") == "trainer_restart" for e in events),
         "leader_changes": sum(e.get("kind") == "leader" for e in events),
     }

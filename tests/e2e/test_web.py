@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller import events, jobs, keys
-from tests.conftest import REPO
+from tests.conftest import REPO, run_rrl
 from tests.e2e.conftest import LivePlatform
 
 pytestmark = pytest.mark.slow
@@ -120,6 +121,17 @@ def test_metrics_scraped_during_a_run_parse_and_the_step_counter_increases(
         assert time.monotonic() < deadline, f"rrl_job_committed_steps stayed at {first}"
         time.sleep(1.0)
     assert later > first
+    # the goodput gauges of the running job, and the whole exposition as Prometheus's own linter sees it
+    text = httpx.get(url + "/metrics", timeout=10).text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("rrl_job_ettr", "rrl_job_ettr_last_hour", "rrl_job_goodput_steps_replayed",
+                 "rrl_job_goodput_samples_regenerated", "rrl_job_goodput_recovery_seconds"):  # fmt: skip
+        (v,) = [s.value for s in fams[name].samples if s.labels.get("job") == JOB]
+        assert 0 <= v <= (1 if "ettr" in name else 1e9), (name, v)
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    r = run_rrl("status", JOB, "--etcd", platform.data["etcd"], env={"RRL_HOME": str(platform.home)})
+    assert r.returncode == 0 and "goodput: ETTR 0." in r.stdout and "steps replayed" in r.stdout, r.stdout
 
 
 def test_job_page_live_scale_and_kill_a_worker(platform: LivePlatform, running_job: str) -> None:

@@ -311,6 +311,11 @@ function renderView(v) {
   $("tps").textContent = fmt(s.tokens_per_s, 0);
   $("failures").textContent = s.failures;
   $("recoveries").textContent = s.recoveries;
+  const g = v.goodput || {};
+  $("ettr").textContent = fmt(g.ettr, 2) + " (" + fmt(g.ettr_last_hour, 2) + ")";
+  $("goodput").textContent = "goodput: ETTR " + fmt(g.ettr, 3) + " since the first step, " + fmt(g.ettr_last_hour, 3) +
+    " over the last hour; " + (g.steps_replayed || 0) + " steps replayed, " + (g.samples_regenerated_est || 0) +
+    " samples regenerated (estimate), " + fmt(g.recovery_s || 0, 1) + " s in recovery over " + (g.faults || 0) + " fault(s)";
   $("leader").textContent = v.leader || "none";
   $("served-by").textContent = v.served_by || "-";
   $("controllers").textContent = v.controllers.map((c) => c.id + (c.leader ? " (leader)" : "")).join(", ");
