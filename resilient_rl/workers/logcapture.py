@@ -33,6 +33,7 @@ class LogCapture:
     def __init__(self, folder: Path, name: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder, self.name, self.pid = folder, name, os.getpid()
+        self._last = 0.0  # the time of the last line written (strictly increasing, see _write)
         self._lock = threading.Lock()
         self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - owned by the drain thread
         for stream in (sys.stdout, sys.stderr):
@@ -91,18 +92,17 @@ class LogCapture:
             if len(partial) > 65536:  # a line without an end: written as it is
                 lines.append(partial)
                 partial = b""
-            stamp = f"{time.time():.6f} ".encode()
             out: list[bytes] = []
             for line in lines:
                 if line.startswith(_RENAME):
-                    self._write(out, stamp)
+                    self._write(out)
                     out = []
                     self._switch(line[len(_RENAME) :].decode())
                 else:
                     out.append(line)
-            self._write(out, stamp)
+            self._write(out)
 
-    def _write(self, lines: list[bytes], stamp: bytes) -> None:
+    def _write(self, lines: list[bytes]) -> None:
         if not lines:
             return
         try:  # where it went before (Ray's worker file)
@@ -112,7 +112,10 @@ class LogCapture:
         with self._lock:
             try:
                 for line in lines:
-                    record = stamp + line + b"\n"
+                    # every line its own time, increasing: a reader's "after this time" cursor then
+                    # never skips the rest of a chunk that was drained at once
+                    self._last = max(time.time(), self._last + 1e-6)
+                    record = f"{self._last:.6f} ".encode() + line + b"\n"
                     if self._file.tell() and self._file.tell() + len(record) > MAX_BYTES:
                         self._rotate()
                     self._file.write(record)
@@ -132,13 +135,25 @@ class LogCapture:
 _capture: LogCapture | None = None
 
 
-def capture(workdir: str | os.PathLike[str], name: str) -> LogCapture:
+def capture(workdir: str | os.PathLike[str], name: str) -> LogCapture | None:
     """Start capturing this process's output as ``name`` (once per process; later calls rename).
     Called first thing by every worker actor; returns the capture (its ``path`` goes into the
-    worker's membership record)."""
+    worker's membership record). Only in a Ray actor's own process: a worker class built in
+    another process (a test, a tool) must not take that process's stdout and stderr (None)."""
     global _capture
+    if not _in_actor():
+        return None
     if _capture is None:
         _capture = LogCapture(Path(workdir) / "logs", name)
     elif _capture.name != name:
         _capture.rename(name)
     return _capture
+
+
+def _in_actor() -> bool:
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    except Exception:  # noqa: BLE001 - no Ray, or no runtime context: not an actor
+        return False

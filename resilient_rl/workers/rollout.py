@@ -90,7 +90,7 @@ class RolloutWorker:
     def _register(self, group: str, worker: str, **fields: Any) -> Registration:
         return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, version=self.version,
                             engine=self.spec.rollout.engine, ray_node=self._node, on_superseded=exit_superseded,
-                            log=self.log.path.name, **fields)  # fmt: skip
+                            log=self.log.path.name if self.log else None, **fields)  # fmt: skip
 
     def warm(self) -> dict[str, Any]:
         """A spare is warm once its engine is up (the constructor): this answers after it (and at
@@ -110,7 +110,8 @@ class RolloutWorker:
             raise ValueError("this spare runs another spec of the job (a leftover of an earlier run)")
         self.fence = token
         old, self.index, self.spare = self.member, index, None
-        self.log.rename(f"rollout-{index}")
+        if self.log is not None:
+            self.log.rename(f"rollout-{index}")
         self.member = self._register("rollout", str(index), status="ready", engine_start_s=self.engine_start_s)
         old.close()
         if weights is not None:

@@ -140,7 +140,7 @@ class TrainerRank:
 
     def _register(self, group: str, worker: str, **fields: Any) -> Registration:
         return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, world=self.world,
-                            ray_node=_node_id(), on_superseded=exit_superseded, log=self.log.path.name,
+                            ray_node=_node_id(), on_superseded=exit_superseded, log=self.log.path.name if self.log else None,
                             **fields)  # fmt: skip
 
     def warm(self) -> dict[str, Any]:
@@ -174,7 +174,8 @@ class TrainerRank:
             raise RuntimeError(f"rank {self.rank} is not a spare")
         t0 = time.monotonic()
         self.rank, self.world, self.spare = rank, world, None
-        self.log.rename(f"trainer-{rank}")
+        if self.log is not None:
+            self.log.rename(f"trainer-{rank}")
         old, self.member = self.member, self._register("trainer", str(rank))
         old.close()
         device = self._join_group(master, joining=src is not None)

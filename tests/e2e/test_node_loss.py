@@ -102,9 +102,11 @@ def test_ray_node_hosting_a_rollout_worker_and_a_trainer_rank_is_removed(
 
         ray.init(address=c.address, namespace=NAMESPACE, log_to_driver=False)
         weights_node = ray.get(ray.get_actor(actor_name(job, "weights", 0)).node.remote(), timeout=60)
-        target = next((n for n, groups in by_node.items() if groups == {"rollout", "trainer"} and n != weights_node),
-                      None)  # fmt: skip
-        assert target is not None, f"no node hosts both a rollout worker and a trainer rank: {by_node}"
+        # rank 0's node: the published weights' first copies are there (the store keeps a copy on its
+        # own node: without it every version's buckets died with this node, and the rollout workers'
+        # loads failed until their restart budget ran out: a crash loop, seen in CI)
+        target = members["trainer/0"]["ray_node"]
+        assert by_node.get(target) == {"rollout", "trainer"} and target != weights_node, (by_node, weights_node)
         victim = next(n for n in nodes if n.node_id == target)
         c.add_node(**args, num_cpus=3)  # the third node: where the lost workers can go
         c.wait_for_nodes()

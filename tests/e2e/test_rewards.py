@@ -47,6 +47,29 @@ def test_inf_rewards_fail_the_job_naming_the_function(platform: LivePlatform, tm
     assert len(evs) == 1 and "8 sample(s) scored 0" in evs[0]["message"]  # rate-limited: one for both steps
     r = run_rrl("status", job, "--etcd", platform.data["etcd"])
     assert r.returncode == 0 and "reward errors: 16 samples scored 0" in r.stdout, r.stdout
+    _failed_page_links_to_the_logs(platform, job)
+
+
+def _failed_page_links_to_the_logs(platform: LivePlatform, job: str) -> None:
+    """A FAILED job's page: its one-line reason, and a button that shows every worker's output."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.e2e.test_web import CHROMIUM_ARGS, api_url, chromium
+
+    token = (platform.home / "token").read_text().strip()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(f"{api_url(platform)}/jobs/{job}#token={token}")
+            expect(page.locator("#phase")).to_have_text("FAILED")
+            expect(page.locator("#live")).to_contain_text("ended: failed")
+            page.click("#reason-logs")
+            expect(page.locator("#log-title")).to_contain_text("every worker")
+            expect(page.locator("#log-view")).to_contain_text("[rollout-0]", timeout=30_000)
+            expect(page.locator("#log-view")).to_contain_text("engine up in")
+        finally:
+            browser.close()
 
 
 def test_a_hanging_reward_times_out_per_sample_and_the_worker_survives(platform: LivePlatform, tmp_path: Path) -> None:

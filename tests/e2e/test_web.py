@@ -155,6 +155,8 @@ def test_job_page_live_scale_and_kill_a_worker(platform: LivePlatform, running_j
             expect(page.locator("#workers-rollout tbody tr")).to_have_count(1)
             expect(page.locator("#workers-trainer tbody tr")).to_have_count(1)
             expect(page.locator("#leader")).not_to_have_text("none")
+            leader = next(c for c in httpx.get(f"{url}/api/v1/controllers", timeout=10).json() if c["leader"])
+            expect(page.locator("#leader")).to_contain_text(f"{leader['id']} on {leader['node']} (pid {leader['pid']})")
             s0 = int(page.locator("#step").inner_text())
             page.wait_for_function(f"Number(document.getElementById('step').textContent) >= {s0 + 2}", timeout=120_000)
             assert page.evaluate("window.__notReloaded") is True

@@ -22,7 +22,9 @@ def _samples(rewards: list[float]) -> list[dict]:
     ]
 
 
-def test_nan_loss_rejects_step_without_applying_it(tmp_path: Path, etcd: EtcdServer) -> None:
+def test_nan_loss_rejects_step_without_applying_it(
+    tmp_path: Path, etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
     spec = parse_spec({"name": "guard", "model": {"init": {}}, "prompts_per_step": 1,
                        "rollout": {"sampling": {"n": 4}}})  # fmt: skip
     model_dir = make_tiny_model(tmp_path / "model", spec.model.init, VOCAB_CHARS)
@@ -35,6 +37,9 @@ def test_nan_loss_rejects_step_without_applying_it(tmp_path: Path, etcd: EtcdSer
         before = rank.digest()
         with pytest.raises(StepRejected, match="step 0: non-finite"):
             rank.train_step(0, publish=False)
+        # the rank says so on its stderr, which its process captures for `rrl logs` (logcapture.py)
+        assert any(r.levelname == "ERROR" and "rank 0: step 0: non-finite loss or gradient" in r.getMessage()
+                   for r in caplog.records), caplog.text  # fmt: skip
         assert rank.digest() == before and rank.step == 0  # nothing applied
         # a clean batch afterwards trains normally (the guard does not poison the rank)
         rank.journal = journal

@@ -17,6 +17,7 @@ SCRIPT = textwrap.dedent(
     import os, subprocess, sys, time
     import resilient_rl.workers.logcapture as lc
     lc.MAX_BYTES = int(sys.argv[3])
+    lc._in_actor = lambda: True  # as in a Ray actor (this script is a plain process)
     cap = lc.capture(sys.argv[1], sys.argv[2])
     print("hello from python")
     os.write(1, b"straight to fd 1\\n")
@@ -104,3 +105,11 @@ def test_the_follower_sees_new_lines_new_files_and_rotations(tmp_path: Path) -> 
     (folder / "rollout-1.8.log").write_text("4.5 a new worker\n")
     assert [x.text for x in follow.poll()] == ["before rotation", "a new worker", "after rotation"]
     assert follow.poll() == []
+
+
+def test_no_capture_outside_a_ray_actor(tmp_path: Path) -> None:
+    """A worker class built in a plain process (a test, a tool) leaves its stdout and stderr alone."""
+    from resilient_rl.workers import logcapture
+
+    assert logcapture.capture(tmp_path, "trainer-0") is None
+    assert not (tmp_path / "logs").exists()

@@ -208,12 +208,13 @@ function renderWorkers(groups, job, allowKill) {
   }
 }
 
-async function showLogs(job, group, id) {
+async function showLogs(job, group, id) {  // group null: every worker's, merged
   const view = $("log-view");
   $("log-panel").hidden = false;
-  $("log-title").textContent = "logs of " + group + " " + id + " (the newest 300 lines)";
+  $("log-title").textContent = "logs of " + (group === null ? "every worker" : group + " " + id) + " (the newest 300 lines)";
   view.textContent = "...";
-  const q = "?group=" + encodeURIComponent(group) + "&worker=" + encodeURIComponent(id) + "&limit=300";
+  const q = group === null ? "?limit=300"
+    : "?group=" + encodeURIComponent(group) + "&worker=" + encodeURIComponent(id) + "&limit=300";
   const resp = await fetch("/api/v1/jobs/" + encodeURIComponent(job) + "/logs" + q,
     { headers: { Authorization: "Bearer " + token() } });
   const data = await resp.json().catch(() => ({}));
@@ -223,7 +224,7 @@ async function showLogs(job, group, id) {
     return;
   }
   view.textContent = data.lines.length
-    ? data.lines.map((x) => new Date(x.time * 1000).toLocaleTimeString() + " " + x.text).join("\n")
+    ? data.lines.map((x) => new Date(x.time * 1000).toLocaleTimeString() + (group === null ? " [" + x.source + "] " : " ") + x.text).join("\n")
     : "(nothing captured yet in " + data.folder + ")";
 }
 
@@ -303,6 +304,7 @@ function renderView(v) {
   $("phase").className = "phase phase-" + s.phase;
   $("reason").textContent = s.reason || "";
   $("reason").hidden = !s.reason;
+  $("reason-logs").hidden = s.phase !== "FAILED";  // the reason is one line: the traceback is in the logs
   $("step").textContent = s.step;
   $("steps").textContent = s.steps;
   $("bar").style.width = (100 * s.progress).toFixed(1) + "%";
@@ -316,9 +318,11 @@ function renderView(v) {
   $("goodput").textContent = "goodput: ETTR " + fmt(g.ettr, 3) + " since the first step, " + fmt(g.ettr_last_hour, 3) +
     " over the last hour; " + (g.steps_replayed || 0) + " steps replayed, " + (g.samples_regenerated_est || 0) +
     " samples regenerated (estimate), " + fmt(g.recovery_s || 0, 1) + " s in recovery over " + (g.faults || 0) + " fault(s)";
-  $("leader").textContent = v.leader || "none";
+  // controllers by id, with the host and pid they run as (an id is not a host name)
+  const where = (c) => (c && c.node ? " on " + c.node + (c.pid ? " (pid " + c.pid + ")" : "") : "");
+  $("leader").textContent = v.leader ? v.leader + where(v.controllers.find((c) => c.id === v.leader)) : "none";
   $("served-by").textContent = v.served_by || "-";
-  $("controllers").textContent = v.controllers.map((c) => c.id + (c.leader ? " (leader)" : "")).join(", ");
+  $("controllers").textContent = v.controllers.map((c) => c.id + (c.leader ? " (leader)" : "") + where(c)).join(", ");
   plot($("plot-reward"), v.history, "reward", v.markers, s.step);
   plot($("plot-tps"), v.history, "tokens_per_s", v.markers, s.step);
   renderWorkers(v.workers, s.id, !!v.allow_kill && !ended);  // no kill button on a job that has ended
@@ -347,6 +351,7 @@ function setupJob() {
   $("do-cancel").addEventListener("click", () => { if (confirm("Cancel job " + job + "?")) act(base + "/cancel"); });
   $("log-close").addEventListener("click", () => { $("log-panel").hidden = true; });
   $("event-filter").addEventListener("change", renderEvents);
+  $("reason-logs").addEventListener("click", () => showLogs(job, null, null));
   if (ENDED.has(initial.summary.phase)) return;  // nothing more will change: no live stream
   const source = stream = new EventSource(base + "/stream");
   source.addEventListener("view", (ev) => renderView(JSON.parse(ev.data)));
