@@ -49,6 +49,8 @@ from .. import goodput, jobs, keys, service, worker_logs
 from ..store import EtcdError, EtcdUnavailable, Store
 from . import pages, views
 from .metrics import EtcdCollector
+from .timeline import SAMPLE_S as TIMELINE_SAMPLE_S
+from .timeline import Timeline
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +221,35 @@ def create_app(
     ``remove_data(rec)`` removes a deleted job's files where this host can reach them and
     returns what it removed. ``allow_kill``: serve the chaos route that SIGKILLs a worker
     (``rrl controller --allow-kill``); off, it answers 403 naming the flag."""
+    timeline = Timeline()
+    sampler_stop = threading.Event()
+
+    def sample_workers() -> None:
+        """The worker timeline's samples: every running job's members every few seconds."""
+        while not sampler_stop.wait(TIMELINE_SAMPLE_S):
+            try:
+                now = time.time()
+                records = jobs.list_all(store)
+                for rec in records:
+                    if rec.phase not in jobs.TERMINAL:
+                        timeline.observe(rec.id, rec.members, now)
+                timeline.keep({rec.id for rec in records})  # a deleted job's strips go with it
+            except EtcdError:
+                continue  # etcd away: a gap in the strips
+            except Exception as e:  # noqa: BLE001 - a closed store (the app is going): stop sampling
+                log.info("worker timeline sampler stops: %s", e)
+                return
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        threading.Thread(target=sample_workers, name="timeline-sampler", daemon=True).start()
+        try:
+            yield
+        finally:
+            sampler_stop.set()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="resilient-rl controller",
         version="1",
         description="Jobs, workers, checkpoints and events of resilient-rl, read from etcd. "
@@ -298,6 +328,14 @@ def create_app(
             "workers": views.workers(rec, evs),
             "checkpoints": views.checkpoint_rows(rec),
             "events": annotated[-300:],
+            "timeline": {
+                **timeline.get(job, time.time()),
+                "faults": [
+                    {"time": e["time"], "kind": e["kind"], "group": e.get("group"), "worker": e.get("worker")}
+                    for e in annotated
+                    if e.get("category") == "fault"
+                ],
+            },
             "history": views.downsample(points),
             "markers": views.markers(evs, points),
             "leader": leader.value.decode() if leader else None,

@@ -123,9 +123,11 @@ class RolloutWorker:
         ``transport``; a plain state dict works too). Returns the loaded version."""
         if version <= self.version and version != 0:
             return self.version  # already have it (re-sent after a controller failover)
+        before = self.member.info.get("status")
+        self.member.update(status="loading")  # the page's worker timeline (membership's status)
         self.engine.load_weights(fetch(weights))
         self.version = version
-        self.member.update(version=version)
+        self.member.update(version=version, status=before)
         return version
 
     def adopt(self, token: int, spec_digest: str, version: int, state_dict: dict[str, Any] | None) -> int:

@@ -383,6 +383,7 @@ class TrainerRank:
             raise RuntimeError("a snapshot is already in flight")
         path = snapshot_dir(root, self.step)
         t0 = time.monotonic()
+        self.member.update(status="snapshotting")  # the staging part (the write goes on in the background)
         extra = {"step": self.step, "world": self.world, "spec_digest": self.spec.digest()}
         try:
             buf = io.BytesIO()
@@ -395,6 +396,7 @@ class TrainerRank:
         except (OSError, SnapshotError) as e:
             pending = f"{type(e).__name__}: {e}"
         self._pending = (pending, path, self.step, t0)
+        self.member.update(status="ready")
         return {"rank": self.rank, "step": self.step, "blocking_s": time.monotonic() - t0}
 
     @ray.method(concurrency_group="io")
@@ -480,6 +482,7 @@ class TrainerRank:
         if step != self.step:
             raise RuntimeError(f"rank {self.rank} is at step {self.step}, asked to train step {step}")
         self._training = step
+        self.member.update(status="training")  # the page's worker timeline (membership's status)
         try:
             return self._train_step(step, publish)
         except StepRejected as e:  # the job fails with it: the rank's log says which step and why
@@ -487,6 +490,7 @@ class TrainerRank:
             raise
         finally:
             self._training = None
+            self.member.update(status="ready")
 
     def _train_step(self, step: int, publish: bool) -> dict[str, Any]:
         assert self.core is not None

@@ -205,6 +205,12 @@ def test_job_page_live_scale_and_kill_a_worker(platform: LivePlatform, running_j
             page.select_option("#event-filter", "all")
             expect(page.locator('#timeline tr[data-kind="scale"]').first).to_be_visible()
             page.select_option("#event-filter", "faults")
+            # the worker timeline: a strip per worker, its states sampled from membership, the fault on it
+            expect(page.locator('#strips g[data-worker="rollout/0"] rect').first).to_be_attached()
+            expect(page.locator('#strips g[data-worker="trainer/0"] rect[data-state="training"]').first).to_be_attached(
+                timeout=60_000)  # fmt: skip
+            expect(page.locator('#strips g[data-worker="rollout/1"] rect').first).to_be_attached()
+            expect(page.locator('#strips line[data-what="fault"]').first).to_be_attached()
             assert int(page.locator("#failures").inner_text()) >= 1
             assert int(page.locator("#recoveries").inner_text()) >= 1
             assert page.evaluate("window.__notReloaded") is True

@@ -289,6 +289,57 @@ function renderEvents() {
   }
 }
 
+// --- the worker timeline: a strip per worker, a colour per state, faults marked
+
+const STATE_COLOURS = {
+  busy: "#3b82f6", training: "#8b5cf6", snapshotting: "#f59e0b", loading: "#06b6d4",
+  idle: "#d1d5db", ready: "#d1d5db", starting: "#bef264", warming: "#bef264", spare: "#e5e7eb", gone: "#1f2937",
+};
+const STATE_NAMES = { busy: "generating", idle: "idle", ready: "idle", gone: "gone (dead or drained)" };
+
+function renderStrips(tl) {
+  const svg = $("strips");
+  svg.replaceChildren();
+  if (!tl || !tl.rows.length) { $("strips-legend").textContent = "no samples yet"; return; }
+  const W = 1000, L = 140, R = 10, RH = 18, T = 4;
+  const H = T + tl.rows.length * RH + 16;
+  svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+  const x = (t) => L + ((W - L - R) * (t - tl.from)) / Math.max(1, tl.to - tl.from);
+  tl.rows.forEach((row, i) => {
+    const y = T + i * RH;
+    const label = svgEl("text", { x: L - 6, y: y + RH - 5, "text-anchor": "end", "font-size": 12, fill: "#374151" });
+    label.textContent = row.worker;
+    svg.appendChild(label);
+    const g = svgEl("g", { "data-worker": row.worker });
+    for (const [state, t0, t1] of row.runs) {
+      const rect = svgEl("rect", { x: x(t0), y: y + 2, width: Math.max(1, x(t1) - x(t0)), height: RH - 5,
+        fill: STATE_COLOURS[state] || "#ffffff", stroke: "#9ca3af", "stroke-width": 0.3, "data-state": state });
+      const title = svgEl("title", {});
+      title.textContent = row.worker + ": " + (STATE_NAMES[state] || state) + " " +
+        new Date(t0 * 1000).toLocaleTimeString() + " - " + new Date(t1 * 1000).toLocaleTimeString();
+      rect.appendChild(title);
+      g.appendChild(rect);
+    }
+    svg.appendChild(g);
+  });
+  for (const f of tl.faults || []) {  // a rollout fault on its worker's strip, a trainer fault on every rank's
+    if (f.time < tl.from) continue;
+    tl.rows.forEach((row, i) => {
+      const [group, worker] = row.worker.split("/");
+      const hit = f.kind.startsWith("rollout") ? group === "rollout" && String(f.worker) === worker
+        : f.kind.startsWith("trainer") && group === "trainer";
+      if (!hit) return;
+      svg.appendChild(svgEl("line", { x1: x(f.time), x2: x(f.time), y1: T + i * RH, y2: T + (i + 1) * RH,
+        stroke: "#dc2626", "stroke-width": 2, "data-what": "fault" }));
+    });
+  }
+  const t = svgEl("text", { x: W - R, y: H - 3, "text-anchor": "end", "font-size": 11, fill: "#6b7380" });
+  t.textContent = new Date(tl.from * 1000).toLocaleTimeString() + " - " + new Date(tl.to * 1000).toLocaleTimeString();
+  svg.appendChild(t);
+  $("strips-legend").textContent = "generating (blue) \u00b7 training (violet) \u00b7 snapshotting (amber) \u00b7 " +
+    "loading weights (cyan) \u00b7 idle (grey) \u00b7 starting (green) \u00b7 gone (black) \u00b7 fault (red line)";
+}
+
 const ENDED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
 let stream = null;  // the job page's live view (closed once the job has ended)
 
@@ -331,6 +382,7 @@ function renderView(v) {
   ]);
   lastEvents = v.events;
   renderEvents();
+  renderStrips(v.timeline);
   if (ended) {
     $("live").textContent = "ended: " + s.phase.toLowerCase() + " at step " + s.step + " (as of " +
       new Date(v.time * 1000).toLocaleTimeString() + ")";
