@@ -702,7 +702,13 @@ _SINCE = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 def logs(
     job: Annotated[str, typer.Argument(help="Job id.")],
     group: Annotated[
-        str | None, typer.Option("--group", "-g", help="rollout or trainer (its spares included); default: all.")
+        str | None,
+        typer.Option(
+            "--group",
+            "-g",
+            help="rollout or trainer (its spares included), or controller (the local platform's "
+            "controllers' lines about the job); default: every worker.",
+        ),
     ] = None,
     worker: Annotated[
         int | None, typer.Option("--worker", "-w", min=0, help="One worker of --group (every incarnation of it).")
@@ -723,10 +729,10 @@ def logs(
     <workdir>/logs/<name>.<pid>.log (rotated at 8 MB); lines of several workers are merged in
     time order and prefixed with the worker's name. Logs can hold data and secrets: reading
     them needs the controller's token (RRL_TOKEN or $RRL_HOME/token), as changes do."""
-    if group is not None and group not in ("rollout", "trainer"):
-        fail(f"--group must be rollout or trainer, not {group!r}", 2)
-    if worker is not None and group is None:
-        fail("--worker needs --group (rollout or trainer)", 2)
+    if group is not None and group not in ("rollout", "trainer", "controller"):
+        fail(f"--group must be rollout, trainer or controller, not {group!r}", 2)
+    if worker is not None and group in (None, "controller"):
+        fail("--worker needs --group rollout or trainer", 2)
     after: float | None = None
     if since is not None:
         m = re.fullmatch(r"(\d{1,9})([smhd])", since.strip())
@@ -734,6 +740,9 @@ def logs(
             fail(f"--since must be a number and a unit (30s, 10m, 2h, 1d), not {since!r}", 2)
         after = time.time() - int(m[1]) * _SINCE[m[2]]
     client = _api(etcd, api)
+    if group == "controller":
+        _controller_logs(client, job, follow, after, tail, timestamps)
+        return
     params: dict[str, Any] = {k: v for k, v in (("group", group), ("worker", worker)) if v is not None}
     first = _call(client, "GET", _jp(job, "/logs"), **params, **({"after": after, "limit": 10_000} if after is not None
                                                                 else {"limit": tail}))  # fmt: skip
@@ -757,6 +766,63 @@ def logs(
             if _call(client, "GET", _jp(job))["state"].get("phase") in TERMINAL:
                 return
         time.sleep(1.0)
+
+
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})[ \t]")
+
+
+def _controller_logs(client: Any, job: str, follow: bool, after: float | None, tail: int, timestamps: bool) -> None:
+    """The lines of the local platform's controller logs ($RRL_HOME/logs/controller-*.log) that
+    name ``job``, with the lines that continue them (a traceback)."""
+    from .local import rrl_home
+
+    folder = rrl_home() / "logs"
+    files = sorted(folder.glob("controller-*.log"))
+    if not files:
+        fail(f"no controller logs in {folder}: only controllers started by `rrl up` log there (a deployed "
+             "controller logs where its deployment puts its output: journald, `kubectl logs`...)")  # fmt: skip
+    _call(client, "GET", _jp(job))  # the job exists (404 otherwise)
+    offsets = {f: 0 for f in files}
+    first, quiet = True, 0
+    while True:
+        lines: list[dict[str, Any]] = []
+        for f in files:
+            lines += _job_lines(f, job, offsets, after)
+        lines.sort(key=lambda x: x["time"])
+        _print_log_lines(lines[-tail:] if first and after is None else lines, timestamps, prefix=len(files) > 1)
+        first = False
+        if not follow:
+            return
+        quiet = 0 if lines else quiet + 1
+        if quiet and quiet % 5 == 0:
+            from controller.jobs import TERMINAL
+
+            if _call(client, "GET", _jp(job))["state"].get("phase") in TERMINAL:
+                return
+        time.sleep(1.0)
+
+
+def _job_lines(path: Path, job: str, offsets: dict[Path, int], after: float | None) -> list[dict[str, Any]]:
+    """New complete lines of one controller log that name ``job`` (and their continuation lines)."""
+    import datetime as dt
+
+    try:
+        with open(path, "rb") as f:
+            f.seek(offsets[path])
+            data = f.read()
+    except OSError:
+        return []
+    end = data.rfind(b"\n") + 1
+    offsets[path] += end
+    out, keep, t = [], False, 0.0
+    for raw in data[:end].decode("utf-8", "replace").splitlines():
+        m = _LOG_TIME.match(raw)
+        if m:
+            t = dt.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S").timestamp() + int(m[2]) / 1000
+            keep = job in raw
+        if keep and (after is None or t > after):
+            out.append({"time": t, "source": path.stem, "text": raw})
+    return out
 
 
 def _print_log_lines(lines: list[dict[str, Any]], timestamps: bool, prefix: bool) -> None:

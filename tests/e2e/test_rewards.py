@@ -150,3 +150,7 @@ def test_rrl_logs_follows_the_workers_output_with_a_raising_reward_functions_tra
     r = run_rrl("logs", job, "--timestamps", "--etcd", platform.data["etcd"], env={"RRL_HOME": str(platform.home)})
     assert r.returncode == 0 and "[rollout-0]" in r.stdout and "RuntimeError: boom on" in r.stdout, r.stdout + r.stderr
     assert run_rrl("logs", job, "--worker", "0", env={"RRL_HOME": str(platform.home)}).returncode == 2
+    # the leader's lines about the job, from the local platform's controller logs
+    r = run_rrl("logs", job, "--group", "controller", "--tail", "1000", "--etcd", platform.data["etcd"],
+                env={"RRL_HOME": str(platform.home)})  # fmt: skip
+    assert r.returncode == 0 and f"job {job} step 2 committed" in r.stdout, r.stdout[-2000:] + r.stderr
