@@ -51,6 +51,7 @@ class JobRecord:
     state: dict[str, Any]
     members: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    verified: dict[str, Any] | None = None  # the newest `rrl verify` of it (see record_verify)
 
     @property
     def phase(self) -> str:
@@ -66,6 +67,7 @@ class JobRecord:
             "state": self.state,
             "members": self.members,
             "checkpoints": self.checkpoints,
+            "verified": self.verified,
         }
 
 
@@ -120,7 +122,8 @@ def list_all(store: Store, *, detail: bool = True) -> list[JobRecord]:
     member of every job twice a second would grow with the cluster). Events are never read."""
     out = []
     for job_id in list_ids(store):
-        ops: list[Get] = [Get(keys.spec(job_id)), Get(keys.desired(job_id)), Get(keys.state(job_id))]
+        ops: list[Get] = [Get(keys.spec(job_id)), Get(keys.desired(job_id)), Get(keys.state(job_id)),
+                          Get(keys.verified(job_id))]  # fmt: skip
         if detail:
             ops += [Get(keys.members(job_id), prefix=True), Get(keys.checkpoints(job_id), prefix=True)]
         r = store.txn([], ops)
@@ -150,7 +153,18 @@ def _records(kvs: list[Any]) -> dict[str, JobRecord]:
                 rec.members.setdefault(bits[1], {})[bits[2]] = json.loads(kv.value)
         elif rest.startswith("checkpoints/"):
             rec.checkpoints.append(json.loads(kv.value))
+        elif rest == "verified":
+            rec.verified = json.loads(kv.value)
     return {k: v for k, v in out.items() if v.spec}
+
+
+def record_verify(store: Store, job_id: str, result: dict[str, Any]) -> None:
+    """Keep the result of an `rrl verify` of the job (``match``, steps, digests, time), unless
+    the job has been deleted meanwhile; the newest replaces the one before."""
+    res = store.txn([Compare(keys.spec(job_id), "create", ">", 0)],
+                    success=[Put(keys.verified(job_id), json.dumps({**result, "time": time.time()}))])  # fmt: skip
+    if not res.succeeded:
+        raise JobNotFound(job_id)
 
 
 def lineage(store: Store, job_id: str) -> list[dict[str, Any]]:

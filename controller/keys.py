@@ -90,6 +90,11 @@ def lineage(job_id: str, at_step: int | None = None) -> str:
     return base if at_step is None else f"{base}{at_step:010d}"
 
 
+def verified(job_id: str) -> str:
+    """The result of the newest `rrl verify` of the job (written by the CLI, shown on the page)."""
+    return f"{job(job_id)}verified"
+
+
 def checkpoints(job_id: str) -> str:
     return f"{job(job_id)}checkpoints/"
 

@@ -551,6 +551,11 @@ def status(
         print(_jobs_table([rec["summary"]]))
         if rec["state"].get("reason"):
             out.print(f"reason: {rec['state']['reason']}")
+        v = rec.get("verified")
+        if v:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(v["time"]))
+            print(f"verify ({when}): " + (f"match, {v['steps']} steps replayed" if v.get("match") else
+                                          f"MISMATCH ({v.get('error') or 'the replay gives other weights'})"))  # fmt: skip
         g = rec.get("goodput") or {}
         if g.get("ettr") is not None:
             print(f"goodput: ETTR {g['ettr']:.3f} since the first step, "
@@ -897,8 +902,13 @@ def verify(
             from .errors import worker_cause
 
             cause = worker_cause(e)
-            out.print(f"[red]mismatch[/]: replay failed: {type(cause).__name__}: {str(cause).strip().splitlines()[0]}")
+            why = f"replay failed: {type(cause).__name__}: {str(cause).strip().splitlines()[0]}"
+            out.print(f"[red]mismatch[/]: {why}")
+            _guard(jobs.record_verify, store, job, {"match": False, "steps": steps, "error": why})
             raise typer.Exit(1) from None
+    # kept with the job: its page and `rrl status JOB` show the newest result
+    _guard(jobs.record_verify, store, job, {"match": actual == expected, "steps": steps, "segments": len(plan),
+                                            "replayed": actual, "recorded": expected})  # fmt: skip
     if actual == expected:
         out.print(f"[green]match[/]: {steps} steps replayed, weights {actual[:16]}")
         return

@@ -324,6 +324,7 @@ def create_app(
         return {
             "summary": views.summary(rec, evs),
             "goodput": goodput.live(points, annotated, rec.spec, rec.state, time.time()),
+            "verified": rec.verified,
             "spec": {"steps": rec.spec.get("steps"), "task": rec.spec.get("task", {}).get("kind")},
             "workers": views.workers(rec, evs),
             "checkpoints": views.checkpoint_rows(rec),

@@ -28,6 +28,8 @@ def _segments(platform: LivePlatform, job: str) -> list[dict[str, Any]]:
 def _verify(platform: LivePlatform, job: str) -> str:
     r = run_rrl("verify", job, "--etcd", platform.data["etcd"], "--ray-address", platform.data["ray"], timeout=600)
     assert r.returncode == 0 and "match" in r.stdout and "mismatch" not in r.stdout, r.stdout + r.stderr
+    v = jobs.get(platform.store, job).verified  # kept with the job for its page and `rrl status`
+    assert v is not None and v["match"] is True and v["replayed"] == v["recorded"], v
     return r.stdout
 
 
@@ -99,6 +101,8 @@ def test_ddp_job_switches_to_fsdp_mid_run_within_the_stated_tolerance(platform: 
     assert any("strategy ddp -> fsdp" in m for m in msgs), msgs
     out = _verify(platform, job)
     assert "ddp" in out and "fsdp" in out, out
+    r = run_rrl("status", job, "--etcd", platform.data["etcd"], env={"RRL_HOME": str(platform.home)})
+    assert f"match, {steps} steps replayed" in r.stdout, r.stdout
 
     # the job's chain again, outside the job, then all of it under DDP: the tolerance of the switch
     journal = Journal(work / "journal")

@@ -384,8 +384,11 @@ function renderView(v) {
   renderEvents();
   renderStrips(v.timeline);
   if (ended) {
-    $("live").textContent = "ended: " + s.phase.toLowerCase() + " at step " + s.step + " (as of " +
-      new Date(v.time * 1000).toLocaleTimeString() + ")";
+    const ver = v.verified;  // the newest `rrl verify`, if one was run
+    $("live").textContent = "ended: " + s.phase.toLowerCase() + " at step " + s.step + ", final reward " +
+      fmt(s.reward, 3) + (ver ? "; rrl verify: " + (ver.match ? "match (" + ver.steps + " steps replayed)" : "MISMATCH") +
+      " at " + new Date(ver.time * 1000).toLocaleString() : "; not verified (rrl verify " + s.id + ")") +
+      " (as of " + new Date(v.time * 1000).toLocaleTimeString() + ")";
     if (stream) { stream.close(); stream = null; }
   } else {
     $("live").textContent = "live, updated " + new Date(v.time * 1000).toLocaleTimeString();
