@@ -86,3 +86,43 @@ def test_a_pull_of_a_bucket_that_is_not_staged_names_what_is(ray_actors: RayActo
     finally:
         ray.kill(pub)
         ray.kill(store)
+
+
+def test_a_trainer_ranks_rejected_step_is_in_its_captured_log(ray_actors: RayActors, etcd: Any, tmp_path: Any) -> None:
+    """A rank (a real Ray actor) whose batch gives a non-finite loss rejects the step and says so
+    on its stderr, which its process captures into <workdir>/logs: what `rrl logs JOB --group
+    trainer` shows (tests/e2e/test_rewards.py reads a rollout worker's the same way)."""
+    import time
+
+    from checkpoints.journal import Journal
+    from controller import worker_logs
+    from resilient_rl.algo.tasks import VOCAB_CHARS
+    from resilient_rl.local import free_port
+    from resilient_rl.spec import parse_spec
+    from resilient_rl.workers.model_init import make_tiny_model
+    from resilient_rl.workers.trainer import trainer_actor
+
+    spec = parse_spec({"name": "guard", "model": {"init": {}}, "prompts_per_step": 1, "rollout": {"sampling": {"n": 4}},
+                       "trainer": {"spares": 0}})  # fmt: skip
+    model_dir = make_tiny_model(tmp_path / "model", spec.model.init, VOCAB_CHARS)
+    journal = Journal(tmp_path / "journal")
+    samples = [{"prompt_index": 0, "sample": i, "prompt_ids": [3, 4, 5], "token_ids": [6, 7, 1], "reward": r,
+                "version": 0} for i, r in enumerate([0.0, 1.0, 0.5, float("nan")])]  # fmt: skip
+    journal.commit_batch(0, [journal.write_shard(0, 0, samples, {})])
+    rank = trainer_actor().options(namespace="rrl-contract", num_cpus=0).remote(
+        "guard", 0, 1, spec.to_json(), str(model_dir), str(tmp_path), etcd.endpoint)  # fmt: skip
+    try:
+        ray.get(rank.setup.remote(("127.0.0.1", free_port())), timeout=180)
+        with pytest.raises(ray.exceptions.RayTaskError, match="non-finite"):
+            ray.get(rank.train_step.remote(0, False), timeout=180)
+        deadline = time.monotonic() + 30
+        while True:
+            files = worker_logs.select(worker_logs.list_files(tmp_path / "logs"), "trainer", 0)
+            texts = [x.text for x in worker_logs.read(files)]
+            if any("rank 0: step 0: non-finite loss or gradient; step rejected" in t for t in texts):
+                break
+            assert time.monotonic() < deadline, texts
+            time.sleep(0.2)
+        assert any("trainer rank 0 of 1 (ddp) of job guard: ready at step 0" in t for t in texts), texts
+    finally:
+        ray.kill(rank)
