@@ -74,11 +74,14 @@ class LogCapture:
 
     def _switch(self, name: str) -> None:
         with self._lock:
+            new = open(self.folder / file_name(name, self.pid), "ab", buffering=0)  # noqa: SIM115
             self._file.close()
-            self.name = name
-            self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115
+            self.name, self._file = name, new
 
     def _drain(self) -> None:
+        """Runs for the life of the process: a pipe nobody drains would block every write to
+        fds 1 and 2 (this process's and its children's) once its buffer is full. So nothing
+        here may end it but the pipe's end; a failure to write the file loses that output only."""
         partial = b""
         while True:
             try:
@@ -87,20 +90,28 @@ class LogCapture:
                 return
             if not chunk:
                 return
-            lines = (partial + chunk).split(b"\n")
-            partial = lines.pop()
-            if len(partial) > 65536:  # a line without an end: written as it is
-                lines.append(partial)
+            try:
+                partial = self._take(partial + chunk)
+            except Exception:  # noqa: BLE001 - see docstring
                 partial = b""
-            out: list[bytes] = []
-            for line in lines:
-                if line.startswith(_RENAME):
-                    self._write(out)
-                    out = []
-                    self._switch(line[len(_RENAME) :].decode())
-                else:
-                    out.append(line)
-            self._write(out)
+
+    def _take(self, data: bytes) -> bytes:
+        """Write the complete lines of ``data``; returns the unfinished rest."""
+        lines = data.split(b"\n")
+        partial = lines.pop()
+        if len(partial) > 65536:  # a line without an end: written as it is
+            lines.append(partial)
+            partial = b""
+        out: list[bytes] = []
+        for line in lines:
+            if line.startswith(_RENAME):
+                self._write(out)
+                out = []
+                self._switch(line[len(_RENAME) :].decode())
+            else:
+                out.append(line)
+        self._write(out)
+        return partial
 
     def _write(self, lines: list[bytes]) -> None:
         if not lines:
@@ -119,17 +130,19 @@ class LogCapture:
                     if self._file.tell() and self._file.tell() + len(record) > MAX_BYTES:
                         self._rotate()
                     self._file.write(record)
-            except OSError:
-                pass  # a full disk must not take the worker down with it
+            except (OSError, ValueError):
+                pass  # a full disk (or a file a failed rotation closed) must not take the worker down
 
     def _rotate(self) -> None:
         self._file.close()
         base = self.path
-        for n in range(KEEP, 0, -1):
-            src = base if n == 1 else Path(f"{base}.{n - 1}")
-            if src.exists():
-                os.replace(src, f"{base}.{n}")
-        self._file = open(base, "ab", buffering=0)  # noqa: SIM115
+        try:
+            for n in range(KEEP, 0, -1):
+                src = base if n == 1 else Path(f"{base}.{n - 1}")
+                if src.exists():
+                    os.replace(src, f"{base}.{n}")
+        finally:  # a failed rename leaves the file longer, never closed
+            self._file = open(base, "ab", buffering=0)  # noqa: SIM115
 
 
 _capture: LogCapture | None = None
