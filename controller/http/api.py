@@ -6,8 +6,9 @@ mutations write desired state to etcd (``jobs.submit`` / ``cancel`` /
 answer whichever controller takes it, and nothing here needs leadership.
 
 Mutations need ``Authorization: Bearer <token>`` (the token ``rrl up`` keeps in
-``$RRL_HOME/token``, mode 0600). Reads are open (the server binds 127.0.0.1
-unless told otherwise), but for the workers' logs, which can hold data and secrets. ``create_app(store, token=None)`` accepts every
+``$RRL_HOME/token``, mode 0600), and so does reading the workers' logs, which
+can hold data and secrets. Other reads are open: the server binds 127.0.0.1
+unless told otherwise. ``create_app(store, token=None)`` accepts every
 mutation: that is the in-process app the CLI uses when no controller serves
 HTTP (its caller can write to etcd anyway).
 
