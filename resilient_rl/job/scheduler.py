@@ -187,7 +187,8 @@ class ShardScheduler:
         """A worker with a shard in flight for longer than its limit (``fault.hang_timeout``
         plus its reward calls' time) and no progress on it for ``fault.hang_timeout`` is hung
         (stopped, deadlocked, starved): kill and replace it, re-queue its shard. A worker that
-        does not join in time is hung too.
+        does not join in time is hung too. A shard whose call has ended is not hung, however
+        late the runner looks (it may have waited on something else: a snapshot's staging).
 
         Progress is membership's ``progress_at`` for that very shard (the worker stamps it as
         its reward calls end): on a loaded machine, reward calls that time out one after another
@@ -198,6 +199,8 @@ class ShardScheduler:
             limit = self.shard_limit(len(f.shard.prompts))
             if now - f.sent <= limit:
                 continue
+            if self.ctx.actors.wait([ref], timeout=0)[0]:
+                continue  # its call has ended (while the runner waited elsewhere): taken in, never a hang
             if progress is None:
                 progress = self._progress_view(now)
             if self._progressing(f, progress.get(str(f.worker))):

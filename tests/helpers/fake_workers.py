@@ -50,6 +50,7 @@ class Script:
     shard_delay_s: float = 0.0
     # (step, shard) -> seconds: its worker takes that long, calling on_progress(worker, step, shard) every 0.1 s
     slow_rollout_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    snapshot_delay_s: dict[int, float] = field(default_factory=dict)  # step -> seconds its snapshot's staging takes
     on_progress: Any = None
     train_delay_s: float = 0.0
     on_train: Any = None  # called (step, rank) at the start of every train_step
@@ -399,6 +400,7 @@ class FakeTrainer:
 
     def snapshot(self, root: str, token: int) -> dict[str, Any]:
         check_fence(self.fence, token, "snapshot")
+        time.sleep(self._script.snapshot_delay_s.get(self.step, 0.0))  # a rank slow to stage (frozen, starved)
         d = snapshot_dir(Path(root), self.step)
         d.mkdir(parents=True, exist_ok=True)
         (d / f"rank{self.rank}.json").write_text(json.dumps({"step": self.step, "applied": self.applied}))

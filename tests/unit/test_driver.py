@@ -198,6 +198,19 @@ def test_a_slow_rollout_worker_that_stamps_progress_is_not_called_hung(tmp_path:
     assert sends[(1, 0)] == 1 and sends[(2, 1)] == 2  # the slow shard was sent once, the hung one again
 
 
+def test_a_shard_that_finished_while_the_runner_waited_is_taken_in_not_called_hung(tmp_path: Path) -> None:
+    """Seen in the chaos hardening run: the runner waited 20 s on a snapshot's staging (its rank
+    frozen) while the step's shards finished; the watchdog's next pass called their workers hung
+    (idle, their calls done but not yet taken in). A finished call is never a hang."""
+    script = Script(snapshot_delay_s={2: 1.5}, shard_delay_s=0.05)
+    job = Job(tmp_path, script, steps=4, fault={"hang_timeout": 0.5})
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert job.events("rollout_hang") == [] and job.events("rollout_fault") == [], job.kinds()
+    sends = Counter((a[0], a[1]) for name, m, a in job.layer.calls if m == "generate_shard")
+    assert all(n == 1 for n in sends.values()), sends  # every shard generated once
+
+
 def test_a_hung_trainer_rank_restarts_the_group(tmp_path: Path) -> None:
     job = Job(tmp_path, Script(hang_rank_at={(2, 0)}), steps=3, fault={"hang_timeout": 0.3})
     job.lead()
