@@ -18,9 +18,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from resilient_rl.algo.tasks.base import Example, QuarantinedRow, RewardResult, Task, TaskError
-from resilient_rl.algo.tasks.math_answer import math_reward
-from resilient_rl.algo.tasks.rewards import RewardFn, call_reward_fn, exact_match, regex_match
+from resilient_rl.algo.tasks.base import QuarantinedRow, TaskError
+from resilient_rl.algo.tasks.jsonl import RowTask
+from resilient_rl.algo.tasks.rewards import RewardFn
 
 log = logging.getLogger(__name__)
 
@@ -79,22 +79,15 @@ def _text(value: Any, what: str) -> str:
     return text
 
 
-class DatasetTask(Task):
+class DatasetTask(RowTask):
     """The valid rows of a local dataset (see module doc); ``index`` counts valid rows only.
-
-    ``reward``: ``exact``, ``regex``, ``math`` (final-answer equivalence, see ``math_answer``) or
-    ``function`` (``reward_fn(prompt, completion, answer)``)."""
+    Scored as :class:`RowTask` says."""
 
     def __init__(self, path: str | Path, *, split: str = "train", prompt_column: str = "prompt",
                  answer_column: str = "answer", reward: str = "exact", reward_fn: RewardFn | None = None,
                  max_prompt_chars: int | None = None) -> None:  # fmt: skip
-        if reward == "function" and reward_fn is None:
-            raise TaskError("task.reward_fn: required when reward is 'function'")
         self.path = Path(path)
-        super().__init__(f"dataset:{self.path.name}")
-        self.reward_kind, self.reward_fn = reward, reward_fn
-        self._prompts: list[str] = []
-        self._answers: list[str] = []
+        super().__init__(f"dataset:{self.path.name}", reward, reward_fn)  # type: ignore[arg-type]
         ds = _load(self.path, split)
         for field, col in (("prompt", prompt_column), ("answer", answer_column)):
             if col not in ds.column_names:
@@ -109,8 +102,7 @@ class DatasetTask(Task):
                 if max_prompt_chars is not None and len(prompt) > max_prompt_chars:
                     raise ValueError(f"prompt of {len(prompt)} characters, over task.max_prompt_chars "
                                      f"({max_prompt_chars})")  # fmt: skip
-                if reward == "regex":
-                    re.compile(answer)
+                pattern = re.compile(answer) if reward == "regex" else None
             except re.error as e:
                 self.quarantined.append(QuarantinedRow(file, row, f"answer is not a valid regex: {e}"))
                 continue
@@ -119,6 +111,7 @@ class DatasetTask(Task):
                 continue
             self._prompts.append(prompt)
             self._answers.append(answer)
+            self._patterns.append(pattern)
         if self.quarantined:
             first = self.quarantined[0]
             log.warning("%s: quarantined %d of %d rows (first: row %d: %s)", file, len(self.quarantined),
@@ -127,22 +120,3 @@ class DatasetTask(Task):
             detail = (f"{len(self.quarantined)} bad rows, e.g. row {self.quarantined[0].line}: "
                       f"{self.quarantined[0].reason}") if self.quarantined else "it has no rows"  # fmt: skip
             raise TaskError(f"task.path: dataset {file} (split {split!r}) has no valid rows ({detail})")
-
-    def __len__(self) -> int:
-        return len(self._prompts)
-
-    def _make_example(self, index: int) -> Example:
-        return Example(index=index, prompt=self._prompts[index], answer=self._answers[index])
-
-    def reward(self, example: Example, completion: str) -> RewardResult:
-        if self.reward_kind == "exact":
-            return RewardResult(exact_match(example.answer, completion))
-        if self.reward_kind == "math":
-            return RewardResult(math_reward(example.answer, completion))
-        if self.reward_kind == "regex":
-            try:
-                return RewardResult(regex_match(re.compile(example.answer), completion))
-            except re.error as e:  # only for an Example not built by this task (rows are checked)
-                return RewardResult(0.0, error=f"{type(e).__name__}: invalid regex answer: {e}")
-        assert self.reward_fn is not None  # enforced in __init__
-        return call_reward_fn(self.reward_fn, example.prompt, completion, example.answer)

@@ -49,23 +49,60 @@ def _check_row(obj: object, *, compile_regex: bool) -> tuple[str, str, re.Patter
     return prompt, answer, pattern
 
 
-class JsonlTask(Task):
-    """Examples are the valid rows of a jsonl file, in file order (``index`` counts valid rows only).
+class RowTask(Task):
+    """A task whose examples are rows of prompt and answer a subclass loads (a jsonl file, a
+    dataset), with the scorers such rows take: ``exact`` (both sides stripped), ``regex`` (the
+    row's answer, compiled at load time, must ``fullmatch`` the stripped completion), ``math``
+    (final-answer equivalence, see ``math_answer``) or ``function`` (``reward_fn(prompt,
+    completion, answer)``, see :func:`call_reward_fn`)."""
 
-    ``reward``: ``exact`` (both sides stripped), ``regex`` (the row's answer must ``fullmatch`` the stripped
-    completion) or ``function`` (``reward_fn(prompt, completion, answer)``, see :func:`call_reward_fn`).
-    """
-
-    def __init__(self, path: str | Path, reward: JsonlReward = "exact", reward_fn: RewardFn | None = None) -> None:
+    def __init__(self, name: str, reward: JsonlReward, reward_fn: RewardFn | None) -> None:
         if reward == "function" and reward_fn is None:
             raise TaskError("task.reward_fn: required when reward is 'function'")
-        self.path = Path(path)
-        super().__init__(f"jsonl:{self.path.name}")
+        super().__init__(name)
         self.reward_kind: JsonlReward = reward
         self.reward_fn = reward_fn
         self._prompts: list[str] = []
         self._answers: list[str] = []
         self._patterns: list[re.Pattern[str] | None] = []
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def _make_example(self, index: int) -> Example:
+        return Example(index=index, prompt=self._prompts[index], answer=self._answers[index])
+
+    def reward(self, example: Example, completion: str) -> RewardResult:
+        if self.reward_kind == "exact":
+            return RewardResult(exact_match(example.answer, completion))
+        if self.reward_kind == "math":
+            return RewardResult(math_reward(example.answer, completion))
+        if self.reward_kind == "regex":
+            try:
+                pattern = self._pattern_for(example)
+            except re.error as e:  # only reachable for an Example not built by this task
+                return RewardResult(0.0, error=f"{type(e).__name__}: invalid regex answer: {e}")
+            return RewardResult(regex_match(pattern, completion))
+        assert self.reward_fn is not None  # enforced in __init__
+        return call_reward_fn(self.reward_fn, example.prompt, completion, example.answer)
+
+    def _pattern_for(self, example: Example) -> re.Pattern[str]:
+        """The pattern precompiled at load time for this row, or (for an Example not built by this task)
+        ``re.compile(example.answer)``, which may raise ``re.error``."""
+        idx = example.index
+        if 0 <= idx < len(self._patterns) and self._answers[idx] == example.answer:
+            cached = self._patterns[idx]
+            if cached is not None:
+                return cached
+        return re.compile(example.answer)
+
+
+class JsonlTask(RowTask):
+    """Examples are the valid rows of a jsonl file, in file order (``index`` counts valid rows only)."""
+
+    def __init__(self, path: str | Path, reward: JsonlReward = "exact", reward_fn: RewardFn | None = None) -> None:
+        self.path = Path(path)
+        super().__init__(f"jsonl:{self.path.name}", reward, reward_fn)
         self._load()
 
     def _load(self) -> None:
@@ -121,33 +158,3 @@ class JsonlTask(Task):
             else:
                 detail = "the file is empty"
             raise TaskError(f"task.path: jsonl file {file} has no valid rows ({detail})")
-
-    def __len__(self) -> int:
-        return len(self._prompts)
-
-    def _make_example(self, index: int) -> Example:
-        return Example(index=index, prompt=self._prompts[index], answer=self._answers[index])
-
-    def reward(self, example: Example, completion: str) -> RewardResult:
-        if self.reward_kind == "exact":
-            return RewardResult(exact_match(example.answer, completion))
-        if self.reward_kind == "math":
-            return RewardResult(math_reward(example.answer, completion))
-        if self.reward_kind == "regex":
-            try:
-                pattern = self._pattern_for(example)
-            except re.error as e:  # only reachable for an Example not built by this task
-                return RewardResult(0.0, error=f"{type(e).__name__}: invalid regex answer: {e}")
-            return RewardResult(regex_match(pattern, completion))
-        assert self.reward_fn is not None  # enforced in __init__
-        return call_reward_fn(self.reward_fn, example.prompt, completion, example.answer)
-
-    def _pattern_for(self, example: Example) -> re.Pattern[str]:
-        """The pattern precompiled at load time for this row, or (for an Example not built by this task)
-        ``re.compile(example.answer)``, which may raise ``re.error``."""
-        idx = example.index
-        if 0 <= idx < len(self._patterns) and self._answers[idx] == example.answer:
-            cached = self._patterns[idx]
-            if cached is not None:
-                return cached
-        return re.compile(example.answer)
