@@ -324,7 +324,7 @@ class TrainerGroup:
         ]  # fmt: skip
         shadow = self._usable_shadow(store, k, s, world, strategy)
         master = A.get(A.call(self.ranks[0], "address"))
-        if shadow is not None:  # newer than any snapshot: restore it from memory, replay less
+        if shadow is not None:  # as new as any snapshot: restore it from memory, replay less
             s, restore = shadow["step"], None
             ready = self._get([A.call(r, "setup", master, None, {"step": s, "rank": 0 if shadow["sources"] == 1 else i})
                                for i, r in enumerate(self.ranks)])  # fmt: skip
@@ -358,7 +358,8 @@ class TrainerGroup:
 
     def _usable_shadow(self, store: Any, k: int, s: int, world: int, strategy: str) -> dict[str, Any] | None:
         """The weight store's newest complete shadow copy if a restart at committed step ``k`` can
-        use it instead of the snapshot of step ``s``: newer than it, not past ``k``, this spec,
+        use it instead of the snapshot of step ``s``: at least as new (a copy in memory of the
+        same step loads faster than the disk), not past ``k``, this spec,
         and a layout it loads into (ddp's replicated copy at any world size; fsdp's shards at
         the world size and strategy they were taken at)."""
         if not self.ctx.spec.trainer.shadow_every:
@@ -369,7 +370,7 @@ class TrainerGroup:
         except Exception as e:  # no shadow is no fault: the snapshot serves
             log.warning("job %s: shadow copy not readable (%s): restoring the snapshot", self.ctx.job, e)
             return None
-        if not sh or not s < sh["step"] <= k or sh["spec_digest"] != self.ctx.spec.digest():
+        if not sh or not s <= sh["step"] <= k or sh["spec_digest"] != self.ctx.spec.digest():
             return None
         if sh["strategy"] != strategy or (strategy == "fsdp" and sh["world"] != world):
             return None
