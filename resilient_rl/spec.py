@@ -410,6 +410,29 @@ class TrainerSpec(_Section):
     num_gpus: float = Size(0.0, ge=0, le=64, why=_CPUS_WHY, description="GPUs Ray reserves for each rank.")
 
 
+class DynamicSamplingSpec(_Section):
+    """DAPO's dynamic sampling: a prompt whose samples all got the same reward has zero
+    advantage and teaches nothing; drop such groups and generate more prompts until the
+    batch holds ``prompts_per_step`` groups that do teach, or the extra budget is spent."""
+
+    drop_zero_variance: bool = Field(
+        True,
+        description="Drop the groups whose rewards are all equal from the batch (the trainer "
+        "keeps the first prompts_per_step groups with a spread, in journal order). False: "
+        "no group is dropped and no extra prompt generated (dynamic sampling off).",
+    )
+    max_extra_prompts: int = Size(
+        64,
+        ge=0,
+        le=1_048_576,
+        why="extra prompts are generated, scored and journaled like the step's own",
+        description="Most extra prompts one step may generate (in rounds, each sized by the "
+        "step's keep rate so far) before it trains on the groups it has. Extra prompts come "
+        "from a stream keyed by (seed, step, round), never from the step cursor, so the "
+        "journal and a replay stay exact.",
+    )
+
+
 class AlgorithmSpec(_Section):
     """GRPO: group-normalised advantages, clipped ratio loss, optional KL to the reference."""
 
@@ -428,6 +451,17 @@ class AlgorithmSpec(_Section):
         "gets the importance ratio against the engine's logprobs of its tokens (clipped at "
         "clip_eps), so stale samples cannot move the policy past the trust region. On-policy "
         "samples always have ratio 1. False: treat every sample as on-policy.",
+    )
+    loss_aggregation: Literal["seq_mean", "token_mean", "seq_mean_token_sum"] = Field(
+        "seq_mean",
+        description="How token losses become the batch loss. seq_mean: each sequence's mean "
+        "over its tokens, averaged over sequences (GRPO). token_mean: every token of the "
+        "batch weighs the same, so long answers weigh more (DAPO). seq_mean_token_sum: each "
+        "sequence's sum over its tokens, averaged over sequences (Dr. GRPO). Each is the "
+        "same at any world size and micro-batch.",
+    )
+    dynamic_sampling: DynamicSamplingSpec | None = Field(
+        None, description="Drop zero-variance groups and refill the batch (DAPO). Absent: off."
     )
 
 

@@ -75,6 +75,7 @@ def grpo_loss(
     clip_eps: float,
     kl_coef: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
+    token_sum: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped GRPO surrogate, per sequence.
 
@@ -83,6 +84,9 @@ def grpo_loss(
 
         loss_i = -(1/n_i) sum_t min(r_t A_i, clip(r_t, 1-eps, 1+eps) A_i) + kl_coef (1/n_i) sum_t k3_t
         r_t = exp(new_t - old_t),   k3_t = exp(ref_t - new_t) - (ref_t - new_t) - 1   (>= 0)
+
+    ``token_sum``: ``loss_i`` is the sum over its tokens, not the mean (drop the ``1/n_i``), for
+    the token-mean and sequence-mean-token-sum aggregations (the caller divides).
 
     Returns ``(losses [B], stats)``. A sequence with an empty mask has loss 0 (no NaN) and
     receives no gradient. Sum ``losses`` over the shard and divide by the global batch size.
@@ -122,7 +126,9 @@ def grpo_loss(
 
     n_tokens = maskf.sum(dim=1)
     # clamp(min=1): an empty sequence sums to 0 and divides by 1 -> loss 0, not 0/0.
-    losses = (per_token * maskf).sum(dim=1) / n_tokens.clamp(min=1.0)
+    losses = (per_token * maskf).sum(dim=1)
+    if not token_sum:
+        losses = losses / n_tokens.clamp(min=1.0)
 
     with torch.no_grad():
         total = float(maskf.sum())

@@ -70,7 +70,9 @@ def etcd_writes(store: Store, job: str) -> tuple[list[Write], list[Write], str |
 
 
 def journal_views(root: Path, steps: int) -> dict[int, BatchView]:
-    """Each step's batch as the journal holds it (shards read and digest-checked)."""
+    """Each step's batch as the journal holds it (shards read and digest-checked). Under
+    dynamic sampling only round 0's samples (the step's own prompts) are the ones invariant 2
+    counts; the extra rounds' shards are read and digest-checked all the same."""
     j = Journal(root)
     out: dict[int, BatchView] = {}
     for k in range(steps):
@@ -90,7 +92,8 @@ def journal_views(root: Path, steps: int) -> dict[int, BatchView]:
             except JournalCorrupt as e:
                 error = str(e)
                 break
-            samples += [(int(s["prompt_index"]), int(s["sample"]), int(s["version"])) for s in body["samples"]]
+            if int(body["meta"].get("round") or 0) == 0:
+                samples += [(int(s["prompt_index"]), int(s["sample"]), int(s["version"])) for s in body["samples"]]
         out[k] = BatchView(k, True, [r.shard for r in refs], samples, error)
     return out
 

@@ -8,6 +8,16 @@ max_staleness``), queued, sent to an idle rollout worker, journaled by that work
 is done and the batch manifest is in the journal. A batch already complete in the journal
 (a previous leader's, a restart's) is reused, never generated again. A shard whose worker
 dies or hangs goes back to the front of the queue, once per loss.
+
+Under dynamic sampling (``algorithm.dynamic_sampling``) a step's shards come in rounds:
+once every shard of a round is in, the step's groups with a reward spread are counted
+(each summary's ``varied``) and, while fewer than ``prompts_per_step`` and the extra
+budget allows, another round of extra prompts is queued at the front (``algo/dynamic``
+sizes it and draws its prompts from the (seed, step, round) stream). Shards are numbered
+on across rounds, so the batch manifest lists them all as ``0..n-1`` and the trainer reads
+them in that order. A new leader that finds the batch unfinished starts it again at round
+0: the rounds' sizes and prompts depend only on the journaled rewards, so it asks for the
+same ones.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from checkpoints.journal import Journal, JournalFull, ShardRef
 from controller.events import Kind
 from controller.store import EtcdError
 
+from ..algo.dynamic import extra_prompt_indices, next_round, varied
 from ..algo.sampler import prompt_indices
 from ..errors import worker_cause
 from .actors import actor_died
@@ -38,6 +49,17 @@ class Shard:
     step: int
     index: int
     prompts: tuple[int, ...]
+    round: int = 0  # dynamic sampling's round (0: the step's own prompts)
+
+
+@dataclass
+class Rounds:
+    """A step's dynamic-sampling progress: shards expected so far, the round, prompts generated."""
+
+    shards: int
+    round: int = 0
+    generated: int = 0
+    extra: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,6 +79,7 @@ class ShardScheduler:
         self.queue: deque[Shard] = deque()
         self.inflight: dict[Any, InFlight] = {}  # call ref -> what it generates
         self.done: dict[int, dict[int, dict[str, Any]]] = {}  # step -> shard -> summary
+        self.rounds: dict[int, Rounds] = {}  # step -> its shards so far (more than num_shards: dynamic sampling)
         self.unjournaled: set[int] = set()  # steps whose shards are all in, batch manifest not written
         self.planned = -1
         self._progress_read: tuple[float, dict[str, dict[str, Any]]] = (float("-inf"), {})  # see _progress_view
@@ -88,13 +111,15 @@ class ShardScheduler:
             journaled = self.journaled(self.planned)  # complete before a restart: reuse, never regenerate
             if journaled is not None:
                 self.done[self.planned] = journaled
+                self.rounds[self.planned] = Rounds(len(journaled))
             else:
                 self.queue.extend(self.shards(self.planned))
+                self.rounds[self.planned] = Rounds(self.num_shards, generated=spec.prompts_per_step)
 
     def journaled(self, step: int) -> dict[int, dict[str, Any]] | None:
         """Shard summaries of a batch already complete in the journal, else None."""
         refs = self.journal.batch(step)
-        if refs is None or len(refs) != self.num_shards:
+        if refs is None or len(refs) < self.num_shards or (len(refs) > self.num_shards and not self.dynamic):
             return None
         out = {}
         for r in refs:
@@ -107,8 +132,37 @@ class ShardScheduler:
                 "reward_errors": sum(x["reward_error"] is not None for x in samples),
                 "reward_error": next((x["reward_error"] for x in samples if x["reward_error"]), None),
                 "samples": len(samples),
+                "varied": sum(varied([x["reward"] for x in samples], self.ctx.spec.rollout.sampling.n)),
             }
         return out
+
+    @property
+    def dynamic(self) -> bool:
+        ds = self.ctx.spec.algorithm.dynamic_sampling
+        return ds is not None and ds.drop_zero_variance
+
+    def _round_done(self, step: int) -> None:
+        """Every shard of ``step``'s current round is in: queue another round (dynamic sampling,
+        too few groups with a spread) or mark the batch ready for its manifest."""
+        spec, r = self.ctx.spec, self.rounds[step]
+        if self.dynamic:
+            ds = spec.algorithm.dynamic_sampling
+            assert ds is not None
+            kept = sum(int(x.get("varied") or 0) for x in self.done[step].values())
+            m = next_round(spec.prompts_per_step, kept, r.generated, r.extra, ds.max_extra_prompts)
+            if m > 0:
+                r.round += 1
+                idx = extra_prompt_indices(spec.seed, step, r.round, m, self.task_len)
+                n = min(m, self.num_shards)
+                bounds = [round(i * m / n) for i in range(n + 1)]
+                new = [Shard(step, r.shards + i, tuple(idx[bounds[i] : bounds[i + 1]]), r.round) for i in range(n)]
+                r.shards, r.generated, r.extra = r.shards + n, r.generated + m, r.extra + m
+                self.queue.extendleft(reversed(new))  # the step waits on them: before later steps' shards
+                log.info("job %s: step %d has %d/%d groups with a reward spread: round %d, %d extra prompts",
+                         self.ctx.job, step, kept, spec.prompts_per_step, r.round, m)  # fmt: skip
+                return
+        self.unjournaled.add(step)
+        self.write_batches()
 
     # -- dispatch and results ------------------------------------------------------
 
@@ -120,7 +174,7 @@ class ShardScheduler:
             rollouts.idle.discard(w)
             shard = self.queue.popleft()
             ref = A.call(rollouts.workers[w], "generate_shard", shard.step, shard.index, list(shard.prompts),
-                         self.ctx.token)  # fmt: skip
+                         self.ctx.token, shard.round)  # fmt: skip
             self.inflight[ref] = InFlight(shard, w, time.monotonic())
 
     def refs(self) -> list[Any]:
@@ -151,9 +205,8 @@ class ShardScheduler:
                 rollouts.idle.add(f.worker)
             self.shard_mb = max(self.shard_mb, float(result.get("bytes") or 0) / 1e6)
             self.done.setdefault(f.shard.step, {})[f.shard.index] = result
-            if len(self.done[f.shard.step]) == self.num_shards:
-                self.unjournaled.add(f.shard.step)
-                self.write_batches()
+            if len(self.done[f.shard.step]) == self.rounds[f.shard.step].shards:
+                self._round_done(f.shard.step)
 
     def write_batches(self) -> None:
         """Write the manifest of every batch whose shards are all in but whose manifest is not
@@ -161,11 +214,14 @@ class ShardScheduler:
         for step in sorted(self.unjournaled):
             if self.paused():
                 return
-            refs = [ShardRef(**self.done[step][i]["ref"]) for i in range(self.num_shards)]
+            r = self.rounds[step]
+            refs = [ShardRef(**self.done[step][i]["ref"]) for i in range(r.shards)]
             self.ctx.check_leader()
             try:
-                if not self.journal.commit_batch(step, refs):  # a previous leader completed it first
+                meta = {"rounds": r.round + 1, "extra_prompts": r.extra} if self.dynamic else None
+                if not self.journal.commit_batch(step, refs, meta):  # a previous leader completed it first
                     self.done[step] = self.journaled(step) or self.done[step]
+                    r.shards = len(self.done[step])
             except JournalFull as e:
                 self.pause(e)
                 return
@@ -173,12 +229,13 @@ class ShardScheduler:
 
     def batch(self, k: int) -> dict[int, dict[str, Any]] | None:
         """Step ``k``'s shard summaries once its batch is complete and journaled, else None."""
-        got = self.done.get(k)
-        if got is None or len(got) != self.num_shards or k in self.unjournaled:
+        got, r = self.done.get(k), self.rounds.get(k)
+        if got is None or r is None or len(got) != r.shards or k in self.unjournaled:
             return None
         return got
 
     def take(self, k: int) -> dict[int, dict[str, Any]]:
+        self.rounds.pop(k, None)
         return self.done.pop(k)
 
     # -- the watchdog ----------------------------------------------------------------

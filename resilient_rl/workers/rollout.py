@@ -22,6 +22,7 @@ from checkpoints.journal import Journal, ShardRef
 from controller.membership import Registration
 from controller.store import Store
 
+from ..algo.dynamic import round_sample_number, varied
 from ..algo.sampler import sample_seed
 from ..algo.tasks import make_task
 from ..algo.tasks.reward_pool import RewardPool
@@ -141,8 +142,11 @@ class RolloutWorker:
             self.load_weights(version, state_dict)
         return self.version
 
-    def generate_shard(self, step: int, shard: int, indices: list[int], token: int = 0) -> dict[str, Any]:
+    def generate_shard(
+        self, step: int, shard: int, indices: list[int], token: int = 0, round_: int = 0
+    ) -> dict[str, Any]:
         """Generate ``n`` samples for each prompt index, score them, journal the shard.
+        ``round_`` > 0: an extra round of dynamic sampling (fresh seeds, see ``algo/dynamic``).
 
         Returns the shard reference plus summary figures (never the trajectories:
         those go to the journal). A reward function that raises gives that sample
@@ -159,7 +163,7 @@ class RolloutWorker:
         for ex in examples:
             for s in range(n):
                 prompts.append(ex.prompt)
-                seeds.append(sample_seed(self.spec.seed, step, ex.index, s))
+                seeds.append(sample_seed(self.spec.seed, step, ex.index, round_sample_number(round_, n, s)))
                 keys_.append((ex, s))
         outs = self.engine.generate(prompts, seeds, self.sampling)
         samples = []
@@ -188,7 +192,7 @@ class RolloutWorker:
                 }
             )
         secs = time.monotonic() - t0
-        meta = {"worker": self.index, "version": self.version, "seconds": secs}
+        meta = {"worker": self.index, "version": self.version, "seconds": secs, "round": round_}
         ref: ShardRef = self.journal.write_shard(step, shard, samples, meta)
         self.member.update(status="idle", shards_done=self.member.info.get("shards_done", 0) + 1)
         rewards = [x["reward"] for x in samples]
@@ -197,6 +201,7 @@ class RolloutWorker:
             "bytes": os.path.getsize(ref.path),
             "version": self.version,
             "reward_mean": sum(rewards) / len(rewards),
+            "varied": sum(varied(rewards, n)),  # groups with a reward spread (dynamic sampling counts them)
             "reward_errors": reward_errors,
             "reward_error": next((x["reward_error"] for x in samples if x["reward_error"]), None),
             "samples": len(samples),

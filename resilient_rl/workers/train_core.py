@@ -8,8 +8,10 @@ default process group to be initialised when ``world > 1`` (and for ``fsdp`` at 
 The arithmetic is the same for every world size and strategy: every rank computes the
 advantages of the whole batch, trains on its contiguous slice (``rank * total // world``
 on: no sample is dropped when the batch does not divide), and scales its loss by
-``world / total`` so that the gradient *average* both DDP's all-reduce and FSDP's
-reduce-scatter take equals the gradient of the global mean. Every rank runs the same
+``world / total`` (``total``: the batch's sequences, or its completion tokens under
+``algorithm.loss_aggregation: token_mean``) so that the gradient *average* both DDP's
+all-reduce and FSDP's reduce-scatter take equals the gradient of the global mean. Under
+dynamic sampling every rank first keeps the same groups of the batch (``algo/dynamic``). Every rank runs the same
 number of micro-batches, because each FSDP forward and backward is a collective: a rank
 whose slice is shorter runs an empty one (a dummy row whose loss is multiplied by 0).
 
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from ..algo.dynamic import select_groups
 from ..algo.grpo import group_advantages, grpo_loss, sequence_logprobs
 
 if TYPE_CHECKING:  # any object with the spec's fields works (bench/gpu_check.py runs where pydantic may not)
@@ -369,16 +372,24 @@ class TrainCore:
         Returns the step's metrics; raises :class:`StepRejected` on every rank (the weights
         unchanged) if any rank saw a non-finite loss or gradient norm."""
         n = self.spec.rollout.sampling.n
+        a = self.spec.algorithm
+        reward_mean = sum(float(s["reward"]) for s in samples) / len(samples)  # all generated, kept or not
+        picked: dict[str, int] = {}
+        if a.dynamic_sampling is not None and a.dynamic_sampling.drop_zero_variance:
+            samples, picked = select_groups(samples, n, self.spec.prompts_per_step)
         rewards = torch.tensor([s["reward"] for s in samples], dtype=torch.float64).view(-1, n)
-        adv = group_advantages(rewards, self.spec.algorithm.normalize_std).view(-1).float()
+        adv = group_advantages(rewards, a.normalize_std).view(-1).float()
         total = len(samples)
+        # what the summed sequence losses are divided by: the sequences, or every completion token
+        divisor = max(1.0, float(sum(len(s["token_ids"]) for s in samples) if a.loss_aggregation == "token_mean"
+                                 else total))  # fmt: skip
         self.opt.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), dtype=torch.float64)
         stats_acc: dict[str, float] = {}
         chunks = micro_batches(total, self.world, self.rank, self.spec.trainer.micro_batch)
         for ci, (lo, hi) in enumerate(chunks):
             last = ci == len(chunks) - 1
-            seq_loss, stats = self._micro_step(samples[lo:hi], adv[lo:hi], total, last, samples[0])
+            seq_loss, stats = self._micro_step(samples[lo:hi], adv[lo:hi], divisor, last, samples[0])
             if hi > lo:
                 loss_sum += seq_loss.detach().double().sum()
                 n_tok = float(stats["num_tokens"])
@@ -404,18 +415,21 @@ class TrainCore:
         self.opt.step()
         self.step += 1
         return {
-            "loss": float(loss_sum) / total,  # mean sequence loss over the global batch
-            "reward_mean": float(rewards.mean()),
+            "loss": float(loss_sum) / divisor,  # the global batch's loss, as aggregated
+            "reward_mean": reward_mean,
             "samples": total,
+            **({"groups_kept": picked["kept"], "groups_dropped": picked["dropped"]} if picked else {}),
             "grad_norm": None if grad_norm is None else float(grad_norm),
             **step_stats,
         }
 
     def _micro_step(
-        self, part: list[dict[str, Any]], adv: torch.Tensor, total: int, last: bool, filler: dict[str, Any]
+        self, part: list[dict[str, Any]], adv: torch.Tensor, divisor: float, last: bool, filler: dict[str, Any]
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Forward + backward of one micro-batch (gradients accumulate; they are reduced on
-        the last one only). An empty ``part`` runs ``filler`` with its loss times 0: the
+        the last one only). Its summed sequence losses are divided by ``divisor`` (the global
+        batch's sequences or tokens, see ``algorithm.loss_aggregation``) and multiplied by the
+        world size (DDP and FSDP average the ranks' gradients). An empty ``part`` runs ``filler`` with its loss times 0: the
         collectives of a shorter slice stay in step with the other ranks'."""
         empty = not part
         rows = [filler] if empty else part
@@ -440,10 +454,9 @@ class TrainCore:
                         self.ref_model, bt["input_ids"], bt["attention_mask"], bt["completion_mask"]
                     )
             a = self.spec.algorithm
-            seq_loss, stats = grpo_loss(
-                new_lp, old_lp, adv.to(self.device), bt["completion_mask"], a.clip_eps, a.kl_coef, ref_lp
-            )
-            loss = seq_loss.sum() * (0.0 if empty else self.world / total)
+            seq_loss, stats = grpo_loss(new_lp, old_lp, adv.to(self.device), bt["completion_mask"], a.clip_eps,
+                                        a.kl_coef, ref_lp, token_sum=a.loss_aggregation != "seq_mean")  # fmt: skip
+            loss = seq_loss.sum() * (0.0 if empty else self.world / divisor)
             loss.backward()
         return seq_loss.cpu(), stats
 

@@ -154,3 +154,36 @@ def test_rrl_logs_follows_the_workers_output_with_a_raising_reward_functions_tra
     r = run_rrl("logs", job, "--group", "controller", "--tail", "1000", "--etcd", platform.data["etcd"],
                 env={"RRL_HOME": str(platform.home)})  # fmt: skip
     assert r.returncode == 0 and f"job {job} step 2 committed" in r.stdout, r.stdout[-2000:] + r.stderr
+
+
+def test_dynamic_sampling_refills_batches_with_extra_rounds_and_the_replay_matches(
+    platform: LivePlatform, tmp_path: Path
+) -> None:
+    """`algorithm.dynamic_sampling` with `loss_aggregation: token_mean`, real workers: a reward
+    that leaves about half the groups without a spread, so steps need extra rounds; every
+    batch in the journal lists its rounds' shards; each step trains on at most
+    prompts_per_step groups; `rrl verify`'s replay gives the job's weights."""
+    from checkpoints.journal import Journal
+    from resilient_rl.spec import JobSpec
+    from resilient_rl.verify import replay_digest
+
+    spec = _spec("e2e-dapo", tmp_path, f"{FNS}:length_parity")
+    spec["steps"] = 4
+    spec["algorithm"] = {"dynamic_sampling": {"max_extra_prompts": 12}, "loss_aggregation": "token_mean"}
+    job = platform.submit(spec)
+    rec = platform.wait(job, timeout=300)
+    assert rec.phase == "SUCCEEDED", rec.state
+    journal = Journal(tmp_path / "w" / "journal")
+    rounds = []
+    for k in range(4):
+        refs = journal.batch(k)
+        assert refs is not None and [r.shard for r in refs] == list(range(len(refs)))
+        bodies = [journal.read_shard(r) for r in refs]
+        rounds.append(max(b["meta"]["round"] for b in bodies) + 1)
+        assert sum(len(b["samples"]) for b in bodies) <= (4 + 12) * 2
+    assert max(rounds) > 1, f"no step needed an extra round: {rounds}"
+    lines = [json.loads(x) for x in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1, 2, 3]
+    assert all(1 <= x["train"]["groups_kept"] <= 4 for x in lines), lines
+    digest = replay_digest(JobSpec.model_validate(rec.spec), 4, platform.data["ray"], platform.data["etcd"])
+    assert digest == rec.state["weights_digest"]

@@ -24,6 +24,7 @@ from ray.exceptions import ActorUnavailableError
 
 from checkpoints.journal import Journal
 from checkpoints.snapshots import snapshot_dir, write_manifest
+from resilient_rl.algo.dynamic import select_groups, varied
 from resilient_rl.job.actors import Placement
 from resilient_rl.spec import JobSpec
 from resilient_rl.workers.fencing import check_fence
@@ -52,6 +53,10 @@ class Script:
     slow_rollout_at: dict[tuple[int, int], float] = field(default_factory=dict)
     snapshot_delay_s: dict[int, float] = field(default_factory=dict)  # step -> seconds its snapshot's staging takes
     on_progress: Any = None
+    reward: Any = None  # (step, round, prompt_index, sample) -> a sample's reward; None: its policy version / 10
+    # (step, shard, round, prompts) of every shard begun
+    rounds: list[tuple[int, int, int, tuple[int, ...]]] = field(default_factory=list)
+    kept: dict[int, list[int]] = field(default_factory=dict)  # step -> prompt indices of the groups trained on
     train_delay_s: float = 0.0
     on_train: Any = None  # called (step, rank) at the start of every train_step
     # train_step is a collective (as gloo's all-reduce): every rank waits for the others before it
@@ -163,9 +168,13 @@ class FakeRollout:
             self.version = version
         return self.version
 
-    def generate_shard(self, step: int, shard: int, indices: list[int], token: int = 0) -> dict[str, Any]:
+    def generate_shard(
+        self, step: int, shard: int, indices: list[int], token: int = 0, round_: int = 0
+    ) -> dict[str, Any]:
         check_fence(self.fence, token, f"shard {step}/{shard}")
         s = self._script
+        with s.lock:
+            s.rounds.append((step, shard, round_, tuple(indices)))  # as the shard starts
         if s.fire(s.kill_rollout_at, (step, shard)):
             _die(self)
         if s.fire(s.hang_rollout_at, (step, shard)):
@@ -180,7 +189,8 @@ class FakeRollout:
         n = self.spec.rollout.sampling.n
         samples = [
             {"prompt_index": i, "sample": j, "prompt_ids": [3], "token_ids": [4, 1], "logprobs": [0.0, 0.0],
-             "text": "x", "reward": min(1.0, self.version / 10), "reward_error": None, "version": self.version}
+             "text": "x", "reward": min(1.0, self.version / 10) if s.reward is None else s.reward(step, round_, i, j),
+             "reward_error": None, "version": self.version}
             for i in indices for j in range(n)
         ]  # fmt: skip
         ref = self.journal.write_shard(step, shard, samples, {"worker": self.index, "version": self.version})
@@ -189,7 +199,7 @@ class FakeRollout:
             s.shards_by.append((step, shard, self.serial, self.version, time.monotonic()))
         return {"ref": ref.to_dict(), "bytes": 100, "version": self.version, "reward_mean": 0.0, "reward_errors": 0,
                 "reward_error": None, "samples": len(samples), "tokens": 2 * len(samples), "seconds": 0.0,
-                "worker": self.index}  # fmt: skip
+                "worker": self.index, "varied": sum(varied([x["reward"] for x in samples], n))}  # fmt: skip
 
     def shutdown(self) -> None:
         pass
@@ -211,6 +221,7 @@ class FakeTrainer:
         spare: int | None = None,
     ) -> None:
         self.rank, self.world, self.spare = rank, world, spare
+        self.spec = JobSpec.model_validate_json(spec_json)
         self.warmed = False
         self.strategy = strategy or "ddp"
         self.journal = Journal(Path(workdir) / "journal")
@@ -380,6 +391,13 @@ class FakeTrainer:
             out: dict[str, Any] = {"rank": self.rank, "step": step, "loss": 0.0, "samples": len(samples),
                                    "reward_mean": sum(x["reward"] for x in samples) / len(samples),
                                    "sketch": self._sketch()}  # fmt: skip
+            ds = self.spec.algorithm.dynamic_sampling
+            if ds is not None and ds.drop_zero_variance:  # what the real core keeps (TrainCore.train)
+                n = self.spec.rollout.sampling.n
+                kept, counts = select_groups(samples, n, self.spec.prompts_per_step)
+                out.update(groups_kept=counts["kept"], groups_dropped=counts["dropped"])
+                with s.lock:
+                    s.kept[step] = [x["prompt_index"] for x in kept[::n]]
             if self.rank == 0 and publish:
                 out["weights"] = ("weights", self.step)
             self.last = {k: v for k, v in out.items() if k != "weights"}

@@ -2,8 +2,8 @@
 
 ``ops`` is a list of tuples, run in order on every rank:
 
-- ``("build", strategy[, trainer_fields])``: a fresh :class:`TrainCore` (``ddp`` or ``fsdp``)
-  from ``model_dir``, with some ``trainer`` fields changed
+- ``("build", strategy[, trainer_fields[, algorithm_fields]])``: a fresh :class:`TrainCore`
+  (``ddp`` or ``fsdp``) from ``model_dir``, with some ``trainer`` / ``algorithm`` fields changed
 - ``("train", i)``: one step on ``batches[i]`` (its loss and time kept under ``loss:<strategy>``)
 - ``("save", path)`` / ``("load", path)``: a DCP snapshot of the sharded state, written
   synchronously through the product's backend (``load`` reshards)
@@ -17,6 +17,7 @@ Rank 0 returns ``{name: value}``; the others return None.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,14 @@ def script(rank: int, world: int, spec_json: str, model_dir: str, batches: list[
         if kind == "build":
             core = None  # the previous core's memory goes first
             over = op[2] if len(op) > 2 else {}  # trainer fields changed for this core only
+            algo = op[3] if len(op) > 3 else {}  # algorithm fields (a JSON mapping), for this core only
             built = spec.model_copy(update={"trainer": spec.trainer.model_copy(update=over)}) if over else spec
+            if algo:
+                data = json.loads(built.to_json())
+                data["algorithm"].update(algo)
+                built = JobSpec.model_validate(data)
             core = TrainCore(built, model_dir, rank, world, op[1])
-            label = op[1] + "".join(f"+{k}" for k in sorted(over))
+            label = op[1] + "".join(f"+{k}" for k in sorted({**over, **algo}))
         elif kind == "train":
             assert core is not None
             t0 = time.perf_counter()

@@ -177,3 +177,33 @@ def _digest_of_model(model_dir: str) -> str:
     from resilient_rl.workers.train_core import weights_digest
 
     return weights_digest(load_file(str(Path(model_dir) / "model.safetensors")))
+
+
+def test_dynamic_sampling_and_the_loss_aggregations_train_alike_at_world_1_and_2(model_dir: str) -> None:
+    """A batch of 4 groups whose second has no reward spread, under dynamic sampling
+    (prompts_per_step 3): the core trains exactly as on the batch without that group (bit
+    for bit at world 1). token_mean and seq_mean_token_sum give other weights than seq_mean,
+    and each is the same at world 2 under FSDP as at world 1 (up to the reduction order)."""
+    full = _batches(2, seed=3)[0] + _batches(1, seed=4)[0][:N]  # 4 groups of N
+    for i, x in enumerate(full):
+        x["prompt_index"], x["sample"] = i // N, i % N
+    for x in full[N : 2 * N]:
+        x["reward"] = 0.5  # group 1: all equal
+    kept = full[:N] + full[2 * N :]
+    batches = [full, kept]
+    dyn = {"dynamic_sampling": {"max_extra_prompts": 4}, "loss_aggregation": "token_mean"}
+    ops = [("build", "ddp", {}, dyn), ("train", 0), ("record", "dyn"),
+           ("build", "ddp", {}, {"loss_aggregation": "token_mean"}), ("train", 1), ("record", "pre"),
+           ("build", "ddp"), ("train", 1), ("record", "seq"),
+           ("build", "ddp", {}, {"loss_aggregation": "seq_mean_token_sum"}), ("train", 1), ("record", "sum")]  # fmt: skip
+    one = local_group.run(1, script, _spec(), model_dir, batches, ops)[0]
+    fsdp = [(op[0], "fsdp", *op[2:]) if op[0] == "build" else op for op in ops]
+    two = local_group.run(2, script, _spec(), model_dir, batches, fsdp)[0]
+    assert one["dyn"]["digest"] == one["pre"]["digest"]  # the dead group dropped, nothing else changed
+    assert len({one[k]["digest"] for k in ("pre", "seq", "sum")}) == 3  # each aggregation is its own loss
+    for k in ("dyn", "pre", "seq", "sum"):
+        _close(two[k]["weights"], one[k]["weights"], 1e-5)
+    # the same loss as the pre-filtered batch (the first of the two token-level builds)
+    assert one["loss:ddp+dynamic_sampling+loss_aggregation"] == pytest.approx(one["loss:ddp+loss_aggregation"][:1])
+    assert two["loss:fsdp+dynamic_sampling+loss_aggregation"] == pytest.approx(
+        one["loss:ddp+dynamic_sampling+loss_aggregation"], rel=1e-5)  # fmt: skip

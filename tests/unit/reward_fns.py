@@ -64,3 +64,8 @@ def hangs_sometimes(prompt: str, completion: str, answer: str) -> float:
     while sum(map(ord, completion)) % 4 == 0:
         time.sleep(1)
     return 1.0 if completion.strip() else 0.0
+
+
+def length_parity(prompt: str, completion: str, answer: str) -> float:
+    """1 for a completion of odd length: about half the groups of two samples have no spread."""
+    return float(len(completion) % 2)

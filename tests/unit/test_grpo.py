@@ -309,3 +309,13 @@ def test_stale_samples_take_the_engines_logprobs_as_the_behaviour_policy() -> No
     assert stats["clip_frac"] == pytest.approx(1 / 5)
     # no staleness anywhere: the same tensor values as the plain on-policy path
     assert torch.equal(behaviour_logprobs(samples, new, bt["completion_mask"], version=4), new.detach())
+
+
+def test_token_sum_drops_the_per_sequence_mean() -> None:
+    torch.manual_seed(0)
+    new, old = torch.randn(3, 5, requires_grad=True), torch.randn(3, 5)
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 0, 0], [0, 1, 1, 1, 1]], dtype=torch.float32)
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    mean, _ = grpo_loss(new, old, adv, mask, 0.2)
+    total, _ = grpo_loss(new, old, adv, mask, 0.2, token_sum=True)
+    assert torch.allclose(total, mean * mask.sum(dim=1))
