@@ -61,6 +61,8 @@ class Kind(StrEnum):
     SCALE = "scale"
     AUTOSCALE = "autoscale"
     SNAPSHOT = "snapshot"
+    # evaluation (``spec.eval``): a policy version evaluated on the held-out task
+    EVAL = "eval"
 
 
 #: what an operator counts as a fault (a ``trainer_restart`` only when not a resize)

@@ -556,6 +556,12 @@ def status(
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(v["time"]))
             print(f"verify ({when}): " + (f"match, {v['steps']} steps replayed" if v.get("match") else
                                           f"MISMATCH ({v.get('error') or 'the replay gives other weights'})"))  # fmt: skip
+        e = rec["state"].get("eval")
+        if e:
+            print(f"eval (policy v{e['version']}, after step {e['step']}): reward {e['reward']:.3f}, "
+                  f"pass@{e['k']} {e['pass_at_k']:.3f} over {e['prompts']} prompts"
+                  f"{'' if e.get('versions') == [e['version']] else ' (samples of versions ' + str(e.get('versions')) + ')'}"
+                  f"; {len(rec['state'].get('evals') or [])} evaluation(s) recorded")  # fmt: skip
         g = rec.get("goodput") or {}
         if g.get("ettr") is not None:
             print(f"goodput: ETTR {g['ettr']:.3f} since the first step, "

@@ -543,6 +543,38 @@ class FaultSpec(_Section):
     )
 
 
+class EvalSpec(_Section):
+    """Evaluation of the current policy on a held-out task at step boundaries, by the rollout
+    workers between their shards (training goes on); never written to the training journal."""
+
+    every: int = Size(10, ge=1, le=_STEPS_MAX, why="at most steps", description="Evaluate policy versions "
+                      "that are a multiple of this (version v is the policy after step v - 1).")  # fmt: skip
+    task: TaskSpec | None = Field(
+        None, description="The held-out task (any kind; its reward scores the samples). Absent: the job's task."
+    )
+    prompts: int = Size(
+        64,
+        ge=1,
+        le=65536,
+        why="every evaluation generates every eval prompt",
+        description="Evaluate the task's first N prompts (all of them if it has fewer).",
+    )
+    samples: int = Size(
+        1,
+        ge=1,
+        le=64,
+        why="each sample of each eval prompt is generated at each evaluation",
+        description="Samples per prompt: the k of pass@k.",
+    )
+    temperature: float | None = Field(
+        None, ge=0, le=10, description="Sampling temperature of the eval (0: greedy). Absent: rollout's."
+    )
+    pass_threshold: float = Field(
+        1.0, gt=0, le=1, description="A sample passes when its reward is at least this (pass@k counts prompts "
+        "with a passing sample among their k).",
+    )  # fmt: skip
+
+
 class LoggingSpec(_Section):
     """Experiment loggers: every committed step's metrics, each step once (through faults and
     leader changes: a new leader reads the log back and writes the committed steps it lacks)."""
@@ -587,6 +619,7 @@ class JobSpec(_Section):
     )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Snapshots.")
     logging: LoggingSpec = Field(default_factory=LoggingSpec, description="Experiment loggers.")
+    eval: EvalSpec | None = Field(None, description="Evaluation on a held-out task (absent: none).")
     fault: FaultSpec = Field(default_factory=FaultSpec, description="Fault detection and restarts.")
 
     model_config = ConfigDict(**_CONFIG, populate_by_name=True)

@@ -339,6 +339,7 @@ def create_app(
                 ],
             },
             "history": views.downsample(points),
+            "evals": rec.state.get("evals") or [],  # the last 100 evaluations (spec.eval), by step
             "markers": views.markers(evs, points),
             "leader": leader.value.decode() if leader else None,
             "controllers": service.controllers(store),

@@ -6,6 +6,7 @@ fields are exactly what they read, all set before the runner's thread starts.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -107,6 +108,13 @@ class JobContext:
         with self.write_lock:
             self._writing(f"metrics of step {row.get('step')}")
             steplog.append(self.workdir / "metrics.jsonl", row)
+
+    def append_eval(self, row: dict[str, Any]) -> None:
+        """An evaluation's line of ``<workdir>/eval.jsonl`` (after its record in the state)."""
+        with self.write_lock:
+            self._writing(f"eval of version {row.get('version')}")
+            with open(self.workdir / "eval.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
 
     def members(self, group: str) -> dict[str, dict[str, Any]]:
         """The live membership records of ``group`` (worker -> value): a key is there while its

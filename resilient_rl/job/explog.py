@@ -59,6 +59,7 @@ class TensorBoardLog:
         self.logdir = logdir
         logdir.mkdir(parents=True, exist_ok=True)
         self.logged = logged_steps(logdir)
+        self.evals = logged_steps(logdir, TAG + "eval/reward")  # evaluation records, by their step
         # one file per leader term; flushed at every step (see write), never on a timer
         self._writer = SummaryWriter(log_dir=str(logdir), flush_secs=10**6, max_queue=10**6)
 
@@ -72,19 +73,38 @@ class TensorBoardLog:
         self._writer.flush()
         self.logged.add(k)
 
+    def write_eval(self, record: dict[str, Any]) -> None:
+        """An evaluation record's scalars at its step, unless the log holds them already; flushed."""
+        k = int(record["step"])
+        if k in self.evals:
+            return
+        for tag, v in eval_scalars(record).items():
+            self._writer.add_scalar(tag, v, k)
+        self._writer.flush()
+        self.evals.add(k)
+
     def close(self) -> None:
         self._writer.close()
 
 
-def logged_steps(logdir: Path) -> set[int]:
-    """The steps whose reward the event files under ``logdir`` hold (a torn last record is skipped)."""
+def eval_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The scalars of one evaluation record (``JobRunner._evaluated``), logged at its ``step``."""
+    return {
+        TAG + "eval/reward": float(record["reward"]),
+        f"{TAG}eval/pass_at_{record['k']}": float(record["pass_at_k"]),
+    }
+
+
+def logged_steps(logdir: Path, tag: str = TAG + "reward") -> set[int]:
+    """The steps whose ``tag`` (the reward: a step's line) the event files under ``logdir`` hold
+    (a torn last record is skipped)."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     steps: set[int] = set()
     for f in sorted(glob.glob(os.path.join(str(logdir), "events.out.tfevents.*"))):
         try:
             for ev in EventFileLoader(f).Load():
-                if ev.HasField("summary") and any(v.tag == TAG + "reward" for v in ev.summary.value):
+                if ev.HasField("summary") and any(v.tag == tag for v in ev.summary.value):
                     steps.add(int(ev.step))
         except Exception as e:  # noqa: BLE001 - a damaged file: its unread steps are written again
             log.warning("tensorboard: could not read all of %s (%s); its steps after the damage are written again",
@@ -124,6 +144,21 @@ class ExperimentLog:
         except Exception as e:  # noqa: BLE001 - see docstring
             log.warning("job %s: experiment log of step %d failed: %s", self.ctx.job, k, e)
 
+    def evaluated(self, record: dict[str, Any]) -> None:
+        """An evaluation is recorded in the job's state: log it (as ``committed``: after the
+        record, never raising for the log's own failures; a new leader back-fills from the state)."""
+        try:
+            if not self._opened:  # no commit of this leader yet (an eval drained at the end, after a take-over)
+                self._open(int(self.ctx.read_state().get("step") or 0))
+            if self._tb is not None:
+                with self.ctx.write_lock:
+                    self.ctx.check_leader()
+                    self._tb.write_eval(record)
+        except NotLeader:
+            raise
+        except Exception as e:  # noqa: BLE001 - see committed
+            log.warning("job %s: experiment log of the eval at step %s failed: %s", self.ctx.job, record.get("step"), e)
+
     def _open(self, k: int) -> None:
         from controller import steplog
 
@@ -137,6 +172,8 @@ class ExperimentLog:
                    if int(r["step"]) not in self._tb.logged]  # fmt: skip
         for row in missing:
             self._tb.write(row)
+        for rec in self.ctx.read_state().get("evals") or []:  # evaluations recorded, not yet logged
+            self._tb.write_eval(rec)
         if missing:
             log.info("job %s: tensorboard: wrote %d committed step(s) a previous leader had not", self.ctx.job,
                      len(missing))  # fmt: skip

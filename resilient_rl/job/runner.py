@@ -183,9 +183,14 @@ class JobRunner:
         self._ray_init()
         self.shards = ShardScheduler(self.ctx, self.journal, self.faults, self._task_size(state),
                                      pause=self._pause, paused=lambda: self.paused is not None)  # fmt: skip
+        self.shards.on_eval = self._evaluated
+        self._evals_done = {int(r["version"]) for r in state.get("evals") or []}
         model_dir = self._ensure_model()
         k = self._take_over(k, model_dir, was_running)
         snaps = self._loop(SnapshotFlow(self.ctx, self.trainers), k)
+        if self._stop.is_set():
+            return
+        self._drain_evals()
         if self._stop.is_set():
             return
         snaps.poll(block=True)
@@ -244,6 +249,7 @@ class JobRunner:
         """The step loop: plan, dispatch, wait, take in what is ready, commit."""
         shards, rollouts = self.shards, self.rollouts
         shards.start_at(k)
+        shards.queue_eval(self.version, self._evals_done)  # due and not recorded (a previous leader's)
         self.trainers.pump = self._serve_rollouts  # from here on a trainer recovery keeps the rollouts going
         train: Training | None = None
         t_step = self._last_pass = time.monotonic()
@@ -278,6 +284,49 @@ class JobRunner:
                     k, t_step = k + 1, time.monotonic()
             shards.watchdog(rollouts)
         return snaps
+
+    def _drain_evals(self) -> None:
+        """Every step is committed: wait for the evaluations still queued or running (the last
+        version's), serving the rollout group meanwhile (a lost worker's eval shard goes to
+        another). Bounded: past ``fault.hang_timeout`` plus the eval's own limit it gives up
+        with an event; the job's outcome does not depend on an evaluation."""
+        ev = self.spec.eval
+        if ev is None or not self.shards.evaluating():
+            return
+        limit = self.spec.fault.hang_timeout + self.shards.shard_limit(ev.prompts, True)
+        deadline = time.monotonic() + limit
+        while self.shards.evaluating() and not self._stop.is_set():
+            if time.monotonic() > deadline:
+                self.ctx.event(Kind.EVAL, f"evaluation of version(s) {sorted(self.shards.evals)} not finished "
+                               f"within {limit:g}s of the last commit: given up", failed=True)  # fmt: skip
+                return
+            self.ctx.check_leader()
+            self._wait(self._serve_rollouts())
+
+    def _evaluated(self, version: int, results: list[dict[str, Any]]) -> None:
+        """Every shard of the evaluation of ``version`` is in: record it in the job's state
+        (``eval``, the newest; ``evals``, the last 100, which the page plots), as an event, in
+        ``<workdir>/eval.jsonl`` and in the experiment loggers. Keyed by version: recorded once."""
+        ev = self.spec.eval
+        assert ev is not None
+        prompts, samples = sum(r["prompts"] for r in results), sum(r["samples"] for r in results)
+        rec = {"version": version, "step": version - 1, "time": round(time.time(), 3),
+               "reward": round(sum(r["reward_sum"] for r in results) / max(1, samples), 6),
+               "pass_at_k": round(sum(r["passed"] for r in results) / max(1, prompts), 6), "k": ev.samples,
+               "prompts": prompts, "reward_errors": sum(r["reward_errors"] for r in results),
+               "versions": sorted({int(r["version"]) for r in results}),
+               "seconds": round(max(float(r["seconds"]) for r in results), 3)}  # fmt: skip
+        state = self.ctx.read_state()
+        if version in {int(r["version"]) for r in state.get("evals") or []}:
+            self._evals_done.add(version)
+            return
+        self.ctx.update_state(expect=live, eval=rec, evals=[*(state.get("evals") or []), rec][-100:])
+        self._evals_done.add(version)
+        self.ctx.append_eval(rec)
+        self.ctx.event(Kind.EVAL, f"policy version {version}: eval reward {rec['reward']:.3f}, pass@{ev.samples} "
+                       f"{rec['pass_at_k']:.3f} over {prompts} prompts",
+                       **{f: rec[f] for f in ("version", "step", "reward", "pass_at_k", "k", "prompts", "versions")})  # fmt: skip
+        self.committer.log.evaluated(rec)
 
     def _serve_rollouts(self) -> list[Any]:
         """The rollout half of a pass of the loop, run while the trainer group (re)starts or recovers
@@ -470,6 +519,7 @@ class JobRunner:
         self.version, self.weights = k + 1, results[0]["weights"]
         self.committer.hand_off(self.version, self.weights, self.rollouts)
         self.shards.plan(self.version)
+        self.shards.queue_eval(self.version, self._evals_done)  # behind the training shards
         self.shards.dispatch(self.rollouts)
         want, strategy = self._want("trainer"), self._strategy()
         resize = whole and (want != self.trainers.world or strategy != self.trainers.strategy)

@@ -49,7 +49,10 @@ class Shard:
     step: int
     index: int
     prompts: tuple[int, ...]
-    round: int = 0  # dynamic sampling's round (0: the step's own prompts)
+    round: int = 0  # dynamic sampling's round (0: the step's own prompts); EVAL: an eval shard (step: version)
+
+
+EVAL = -1  # Shard.round of an eval shard: ``step`` is the policy version, ``prompts`` eval task positions
 
 
 @dataclass
@@ -77,6 +80,9 @@ class ShardScheduler:
         self.ctx, self.journal, self.faults, self.task_len = ctx, journal, faults, task_len
         self.pause, self.paused = pause, paused  # the journal's disk is full: the runner pauses the job
         self.queue: deque[Shard] = deque()
+        self.evalq: deque[Shard] = deque()  # eval shards: sent only when no training shard waits
+        self.evals: dict[int, tuple[int, dict[int, dict[str, Any]]]] = {}  # version -> (shards, results) until all in
+        self.on_eval: Callable[[int, list[dict[str, Any]]], None] = lambda v, results: None
         self.inflight: dict[Any, InFlight] = {}  # call ref -> what it generates
         self.done: dict[int, dict[int, dict[str, Any]]] = {}  # step -> shard -> summary
         self.rounds: dict[int, Rounds] = {}  # step -> its shards so far (more than num_shards: dynamic sampling)
@@ -167,15 +173,48 @@ class ShardScheduler:
     # -- dispatch and results ------------------------------------------------------
 
     def dispatch(self, rollouts: RolloutGroup) -> None:
-        """Send queued shards to idle workers (lowest index first); nothing while paused."""
+        """Send queued shards to idle workers (lowest index first), training shards before eval
+        shards; nothing while paused."""
         A = self.ctx.actors
-        while self.queue and rollouts.idle and not self.paused():
+        while (self.queue or self.evalq) and rollouts.idle and not self.paused():
             w = min(rollouts.idle)
             rollouts.idle.discard(w)
-            shard = self.queue.popleft()
-            ref = A.call(rollouts.workers[w], "generate_shard", shard.step, shard.index, list(shard.prompts),
-                         self.ctx.token, shard.round)  # fmt: skip
+            if self.queue:
+                shard = self.queue.popleft()
+                ref = A.call(rollouts.workers[w], "generate_shard", shard.step, shard.index, list(shard.prompts),
+                             self.ctx.token, shard.round)  # fmt: skip
+            else:
+                shard = self.evalq.popleft()
+                ref = A.call(rollouts.workers[w], "evaluate", shard.step, shard.index, shard.prompts[0],
+                             shard.prompts[-1] + 1, self.ctx.token)  # fmt: skip
             self.inflight[ref] = InFlight(shard, w, time.monotonic())
+
+    # -- evaluation (spec.eval) ------------------------------------------------------
+
+    def queue_eval(self, version: int, done: set[int]) -> None:
+        """Queue the evaluation of policy ``version`` if the spec asks for it (a multiple of
+        ``eval.every``) and it is neither recorded (``done``) nor queued already: the eval
+        task's first ``eval.prompts`` positions, one shard per rollout worker."""
+        ev = self.ctx.spec.eval
+        if ev is None or version <= 0 or version % ev.every or version in done or version in self.evals:
+            return
+        n = min(ev.prompts, max(1, self.ctx.spec.rollout.replicas))
+        bounds = [round(i * ev.prompts / n) for i in range(n + 1)]
+        self.evals[version] = (n, {})
+        self.evalq.extend(Shard(version, i, tuple(range(bounds[i], bounds[i + 1])), EVAL) for i in range(n))
+
+    def evaluating(self) -> bool:
+        """Whether an evaluation is queued or in flight."""
+        return bool(self.evals)
+
+    def _eval_result(self, shard: Shard, result: dict[str, Any]) -> None:
+        if shard.step not in self.evals:
+            return
+        n, got = self.evals[shard.step]
+        got[shard.index] = result
+        if len(got) == n:
+            del self.evals[shard.step]
+            self.on_eval(shard.step, [got[i] for i in sorted(got)])
 
     def refs(self) -> list[Any]:
         return list(self.inflight)
@@ -184,11 +223,12 @@ class ShardScheduler:
         """Take in the shards among ``ready``: done, re-queued (worker lost, disk full), or raised."""
         for ref in [r for r in ready if r in self.inflight]:
             f = self.inflight.pop(ref)
+            again = self.evalq if f.shard.round == EVAL else self.queue
             try:
                 result = self.ctx.actors.get(ref, timeout=0)
             except Exception as e:
                 if actor_died(e):  # the worker died: its shard goes back to the queue
-                    self.queue.appendleft(f.shard)
+                    again.appendleft(f.shard)
                     self.faults.detected(classify("rollout", error=e, worker=f.worker))
                     rollouts.fault(f.worker, e)
                     continue
@@ -196,13 +236,16 @@ class ShardScheduler:
                 full = worker_cause(e)
                 if not isinstance(full, JournalFull):
                     raise
-                self.queue.appendleft(f.shard)  # generated again once there is space
+                again.appendleft(f.shard)  # generated again once there is space
                 if f.worker in rollouts.workers:
                     rollouts.idle.add(f.worker)
                 self.pause(full)
                 continue
             if f.worker in rollouts.workers:
                 rollouts.idle.add(f.worker)
+            if f.shard.round == EVAL:
+                self._eval_result(f.shard, result)
+                continue
             self.shard_mb = max(self.shard_mb, float(result.get("bytes") or 0) / 1e6)
             self.done.setdefault(f.shard.step, {})[f.shard.index] = result
             if len(self.done[f.shard.step]) == self.rounds[f.shard.step].shards:
@@ -253,7 +296,7 @@ class ShardScheduler:
         now = time.monotonic()
         progress: dict[str, dict[str, Any]] | None = None
         for ref, f in list(self.inflight.items()):
-            limit = self.shard_limit(len(f.shard.prompts))
+            limit = self.shard_limit(len(f.shard.prompts), f.shard.round == EVAL)
             if now - f.sent <= limit:
                 continue
             if self.ctx.actors.wait([ref], timeout=0)[0]:
@@ -263,7 +306,7 @@ class ShardScheduler:
             if self._progressing(f, progress.get(str(f.worker))):
                 continue
             del self.inflight[ref]
-            self.queue.appendleft(f.shard)
+            (self.evalq if f.shard.round == EVAL else self.queue).appendleft(f.shard)
             self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {f.worker} made no progress on shard "
                            f"{f.shard.step}/{f.shard.index} for {now - f.sent:.1f}s (limit {limit:g}s: "
                            "fault.hang_timeout + reward timeouts)", worker=f.worker, group="rollout",
@@ -297,14 +340,17 @@ class ShardScheduler:
         except (KeyError, TypeError, ValueError):
             return False
 
-    def shard_limit(self, prompts: int) -> float:
+    def shard_limit(self, prompts: int, evaluation: bool = False) -> float:
         """``fault.hang_timeout`` for a shard of ``prompts`` prompts, plus the longest its user reward
         calls may take by design (each has ``task.reward_timeout_s``, ``reward_workers`` at a time):
-        a reward function timing out sample after sample is slow, not a hung worker."""
+        a reward function timing out sample after sample is slow, not a hung worker. An eval
+        shard: the eval task's reward and ``eval.samples`` per prompt."""
         spec = self.ctx.spec
         t = spec.task
-        extra = 0.0
         samples = prompts * spec.rollout.sampling.n
+        if evaluation and spec.eval is not None:
+            t, samples = spec.eval.task or spec.task, prompts * spec.eval.samples
+        extra = 0.0
         if t.reward == "function":
             extra = -(-samples // t.reward_workers) * t.reward_timeout_s
         elif t.reward == "server" and t.reward_server is not None:

@@ -35,6 +35,9 @@ from .transport import fetch
 log = logging.getLogger(__name__)
 
 
+EVAL_SEED_STEP = 10**12  # evaluation seeds: sample_seed(seed, EVAL_SEED_STEP + version, ...), past any step
+
+
 def _reward_pool(t: TaskSpec) -> RewardPool | None:
     """The killable scorer processes of a user reward function or a reward server (None for the
     built-in scorers, which run in-process)."""
@@ -71,6 +74,7 @@ class RolloutWorker:
         self.store = Store(etcd, timeout=2.0, retry_window=30.0)
         self.spare = spare  # a warm spare's number until it is promoted (see promote)
         self._progress_at = 0.0  # when membership's progress_at was last stamped (monotonic)
+        self._eval: tuple[Any, RewardPool | None] | None = None  # (eval task, its scorers), see evaluate
         self._node = ray.get_runtime_context().get_node_id()
         if spare is None:
             self.member = self._register("rollout", str(index))
@@ -210,6 +214,45 @@ class RolloutWorker:
             "worker": self.index,
         }
 
+    def evaluate(self, version: int, shard: int, lo: int, hi: int, token: int = 0) -> dict[str, Any]:
+        """Evaluate the loaded policy on prompts ``lo..hi-1`` of the eval task (``spec.eval``;
+        clipped to its size): ``eval.samples`` samples each, scored by that task's reward.
+        Nothing is journaled; returns sums the leader adds up over the eval's shards, and the
+        policy version actually loaded (``version`` is the one the leader asked for)."""
+        check_fence(self.fence, token, f"eval {version}/{shard}")
+        ev = self.spec.eval
+        if ev is None:
+            raise RuntimeError("this job's spec has no eval section")
+        if self._eval is None:  # built on first use: a held-out dataset is read once per worker
+            et = ev.task or self.spec.task
+            self._eval = (make_task(et, self.spec.seed), _reward_pool(et) if ev.task else self.rewards)
+        task, pool = self._eval
+        t0 = self._progress_at = time.monotonic()
+        before = self.member.info.get("status")
+        self.member.update(status="evaluating")
+        try:
+            examples = [task.example(i) for i in range(lo, min(hi, len(task)))]
+            r = self.spec.rollout.sampling
+            sampling = Sampling(r.temperature if ev.temperature is None else ev.temperature, r.top_p, r.max_tokens)
+            k = ev.samples
+            # a seed space of its own: the training steps' seeds never repeat here
+            seeds = [sample_seed(self.spec.seed, EVAL_SEED_STEP + version, ex.index, s) for ex in examples
+                     for s in range(k)]  # fmt: skip
+            outs = self.engine.generate([ex.prompt for ex in examples for _ in range(k)], seeds, sampling)
+            pairs = [(ex, c) for ex, c in zip([ex for ex in examples for _ in range(k)], outs, strict=True)]
+            if pool is not None:
+                scored = pool.score([(ex.prompt, c.text, ex.answer) for ex, c in pairs], self._progress)
+            else:
+                scored = [task.reward(ex, c.text) for ex, c in pairs]
+        finally:
+            self.member.update(status=before)
+        rewards = [x.value for x in scored]
+        passed = sum(max(rewards[i : i + k]) >= ev.pass_threshold for i in range(0, len(rewards), k))
+        return {"version": self.version, "asked": version, "shard": shard, "prompts": len(examples),
+                "samples": len(rewards), "reward_sum": float(sum(rewards)), "passed": int(passed),
+                "reward_errors": sum(x.error is not None for x in scored), "seconds": time.monotonic() - t0,
+                "worker": self.index}  # fmt: skip
+
     def _progress(self) -> None:
         """A reward call ended: stamp membership's ``progress_at`` (at most once a second), which
         the driver's watchdog reads before it calls an overdue shard's worker hung."""
@@ -228,3 +271,5 @@ class RolloutWorker:
         self.member.close()
         if self.rewards is not None:
             self.rewards.close()
+        if self._eval is not None and self._eval[1] is not None and self._eval[1] is not self.rewards:
+            self._eval[1].close()

@@ -156,13 +156,14 @@ def test_rrl_logs_follows_the_workers_output_with_a_raising_reward_functions_tra
     assert r.returncode == 0 and f"job {job} step 2 committed" in r.stdout, r.stdout[-2000:] + r.stderr
 
 
-def test_dynamic_sampling_refills_batches_with_extra_rounds_and_the_replay_matches(
+def test_dynamic_sampling_and_evaluation_with_tensorboard_and_the_replay_matches(
     platform: LivePlatform, tmp_path: Path
 ) -> None:
-    """`algorithm.dynamic_sampling` with `loss_aggregation: token_mean`, real workers: a reward
-    that leaves about half the groups without a spread, so steps need extra rounds; every
-    batch in the journal lists its rounds' shards; each step trains on at most
-    prompts_per_step groups; `rrl verify`'s replay gives the job's weights."""
+    """`algorithm.dynamic_sampling` with `loss_aggregation: token_mean`, `eval` on a held-out
+    task and TensorBoard, real workers: a reward that leaves about half the groups without a
+    spread, so steps need extra rounds; every batch in the journal lists its rounds' shards;
+    each step trains on at most prompts_per_step groups; the evaluations are recorded and
+    logged; `rrl verify`'s replay gives the job's weights (no eval entered the journal)."""
     from checkpoints.journal import Journal
     from resilient_rl.spec import JobSpec
     from resilient_rl.verify import replay_digest
@@ -170,9 +171,23 @@ def test_dynamic_sampling_refills_batches_with_extra_rounds_and_the_replay_match
     spec = _spec("e2e-dapo", tmp_path, f"{FNS}:length_parity")
     spec["steps"] = 4
     spec["algorithm"] = {"dynamic_sampling": {"max_extra_prompts": 12}, "loss_aggregation": "token_mean"}
+    spec["eval"] = {"every": 2, "prompts": 6, "samples": 2, "task": {"kind": "reverse", "num_prompts": 20}}
+    spec["logging"] = {"tensorboard": "tb"}
     job = platform.submit(spec)
     rec = platform.wait(job, timeout=300)
     assert rec.phase == "SUCCEEDED", rec.state
+    # the evaluations: versions 2 and 4, on the held-out task, in the state, eval.jsonl, status, TensorBoard
+    evals = rec.state["evals"]
+    assert [e["version"] for e in evals] == [2, 4] and all(e["prompts"] == 6 and e["k"] == 2 for e in evals), evals
+    assert all(0 <= e["reward"] <= 1 and 0 <= e["pass_at_k"] <= 1 for e in evals)
+    lines = [json.loads(x) for x in (tmp_path / "w" / "eval.jsonl").read_text().splitlines()]
+    assert [x["version"] for x in lines] == [2, 4]
+    r = run_rrl("status", job, "--etcd", platform.data["etcd"], env={"RRL_HOME": str(platform.home)})
+    assert r.returncode == 0 and "eval (policy v4, after step 3): reward" in r.stdout and "pass@2" in r.stdout, r.stdout
+    from resilient_rl.job.explog import logged_steps
+
+    assert logged_steps(tmp_path / "w" / "tb", "rrl/eval/reward") == {1, 3}
+    assert logged_steps(tmp_path / "w" / "tb") == {0, 1, 2, 3}
     journal = Journal(tmp_path / "w" / "journal")
     rounds = []
     for k in range(4):

@@ -82,6 +82,7 @@ def running_job(platform: LivePlatform, tmp_path_factory: pytest.TempPathFactory
             "steps": 5000,
             "seed": 3,
             "checkpoint": {"dir": str(work), "every": 10},
+            "eval": {"every": 3, "prompts": 4},  # the reward plot's eval dots
         }
     )
     deadline = time.monotonic() + 300
@@ -193,6 +194,8 @@ def test_job_page_live_scale_and_kill_a_worker(platform: LivePlatform, running_j
             # both markers show, in shapes of their own (a fault and its recovery share a step)
             expect(page.locator('#plot-reward polygon[data-what="fault"]').first).to_be_attached()
             expect(page.locator('#plot-reward circle[data-what="recovery"]').first).to_be_attached()
+            expect(page.locator('#plot-reward circle[data-what="eval"]').first).to_be_attached()
+            expect(page.locator("#eval-last")).to_contain_text("last eval (v")
             # faults first: the default filter shows no snapshot rows; each fault row says how it was
             # detected, which path recovered it and how long that took
             expect(page.locator('#timeline tr[data-kind="snapshot"]')).to_have_count(0)

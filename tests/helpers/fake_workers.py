@@ -57,6 +57,10 @@ class Script:
     # (step, shard, round, prompts) of every shard begun
     rounds: list[tuple[int, int, int, tuple[int, ...]]] = field(default_factory=list)
     kept: dict[int, list[int]] = field(default_factory=dict)  # step -> prompt indices of the groups trained on
+    eval_delay_s: float = 0.0  # how long an eval shard takes beyond shard_delay_s
+    kill_eval_at: set[tuple[int, int]] = field(default_factory=set)  # (version, shard): its worker dies mid-eval
+    # (version asked, shard, version loaded, lo, hi) of every eval shard begun
+    evaluated: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     train_delay_s: float = 0.0
     on_train: Any = None  # called (step, rank) at the start of every train_step
     # train_step is a collective (as gloo's all-reduce): every rank waits for the others before it
@@ -200,6 +204,23 @@ class FakeRollout:
         return {"ref": ref.to_dict(), "bytes": 100, "version": self.version, "reward_mean": 0.0, "reward_errors": 0,
                 "reward_error": None, "samples": len(samples), "tokens": 2 * len(samples), "seconds": 0.0,
                 "worker": self.index, "varied": sum(varied([x["reward"] for x in samples], n))}  # fmt: skip
+
+    def evaluate(self, version: int, shard: int, lo: int, hi: int, token: int = 0) -> dict[str, Any]:
+        """Prompt i's samples score (i + version) % 2 (pass@k: the odd ones); hi clipped at 10 prompts."""
+        check_fence(self.fence, token, f"eval {version}/{shard}")
+        s = self._script
+        with s.lock:
+            s.evaluated.append((version, shard, self.version, lo, hi))  # as it starts
+        if s.fire(s.kill_eval_at, (version, shard)):
+            _die(self)
+        time.sleep(s.shard_delay_s + s.eval_delay_s)
+        assert self.spec.eval is not None
+        k = self.spec.eval.samples
+        idx = range(lo, min(hi, 10))
+        rewards = [float((i + self.version) % 2) for i in idx for _ in range(k)]
+        return {"version": self.version, "asked": version, "shard": shard, "prompts": len(idx),
+                "samples": len(rewards), "reward_sum": sum(rewards), "passed": sum((i + self.version) % 2 for i in idx),
+                "reward_errors": 0, "seconds": 0.0, "worker": self.index}  # fmt: skip
 
     def shutdown(self) -> None:
         pass

@@ -119,13 +119,14 @@ function svgEl(tag, attrs) {
   return e;
 }
 
-function plot(svg, points, key, markers, lastStep) {
+function plot(svg, points, key, markers, lastStep, evals) {
   svg.replaceChildren();
   const W = 600, H = 180, L = 48, R = 8, T = 8, B = 22;
   const pts = points.filter((p) => p[key] !== null && p[key] !== undefined);
-  const xmax = Math.max(lastStep || 1, ...pts.map((p) => p.step), 1);
-  let ymin = Math.min(...pts.map((p) => p[key]));
-  let ymax = Math.max(...pts.map((p) => p[key]));
+  const evs = (evals || []).filter((e) => e.reward !== null && e.reward !== undefined);
+  const xmax = Math.max(lastStep || 1, ...pts.map((p) => p.step), ...evs.map((e) => e.step), 1);
+  let ymin = Math.min(...pts.map((p) => p[key]), ...evs.map((e) => e.reward));
+  let ymax = Math.max(...pts.map((p) => p[key]), ...evs.map((e) => e.reward));
   if (!pts.length) { ymin = 0; ymax = 1; }
   if (ymax - ymin < 1e-9) { ymax += 0.5; ymin -= 0.5; }
   const x = (s) => L + ((W - L - R) * s) / xmax;
@@ -162,6 +163,14 @@ function plot(svg, points, key, markers, lastStep) {
   if (pts.length) {
     const d = pts.map((p, i) => (i ? "L" : "M") + x(p.step).toFixed(1) + " " + y(p[key]).toFixed(1)).join(" ");
     svg.appendChild(svgEl("path", { d, fill: "none", stroke: "#3b82f6", "stroke-width": 1.5 }));
+  }
+  for (const e of evs) {  // the evaluations: a dot each at the step after which the policy was evaluated
+    const dot = svgEl("circle", { cx: x(e.step), cy: y(e.reward), r: 3.5, fill: "#f59e0b", "data-what": "eval" });
+    const title = svgEl("title", {});
+    title.textContent = "eval of policy v" + e.version + ": reward " + fmt(e.reward, 3) + ", pass@" + e.k + " " +
+      fmt(e.pass_at_k, 3) + " over " + e.prompts + " prompts";
+    dot.appendChild(title);
+    svg.appendChild(dot);
   }
 }
 
@@ -374,7 +383,10 @@ function renderView(v) {
   $("leader").textContent = v.leader ? v.leader + where(v.controllers.find((c) => c.id === v.leader)) : "none";
   $("served-by").textContent = v.served_by || "-";
   $("controllers").textContent = v.controllers.map((c) => c.id + (c.leader ? " (leader)" : "") + where(c)).join(", ");
-  plot($("plot-reward"), v.history, "reward", v.markers, s.step);
+  plot($("plot-reward"), v.history, "reward", v.markers, s.step, v.evals);
+  const last = (v.evals || []).slice(-1)[0];
+  $("eval-last").textContent = last ? "last eval (v" + last.version + "): reward " + fmt(last.reward, 3) + ", pass@" +
+    last.k + " " + fmt(last.pass_at_k, 3) : "";
   plot($("plot-tps"), v.history, "tokens_per_s", v.markers, s.step);
   renderWorkers(v.workers, s.id, !!v.allow_kill && !ended);  // no kill button on a job that has ended
   renderTable("checkpoints", v.checkpoints.slice().reverse(), (c) => [
