@@ -65,3 +65,9 @@ def sample_seed(seed: int, step: int, prompt_index: int, sample_index: int) -> i
     key = f"{seed},{step},{prompt_index},{sample_index}".encode()
     digest = hashlib.blake2b(key, digest_size=8, person=b"rrl-sample-seed").digest()
     return int.from_bytes(digest, "little") % _SEED_BOUND
+
+
+def eval_task_seed(seed: int) -> int:
+    """The seed a held-out eval task (``spec.eval.task``) is built with: another than the job's,
+    so a generated task of the same kind (copy, reverse, arith) holds other prompts."""
+    return (seed + 1) % _SEED_BOUND

@@ -39,6 +39,7 @@ from controller.events import Kind
 from controller.jobs import STRATEGIES, JobRecord
 from controller.store import EtcdError
 
+from ..algo.sampler import eval_task_seed
 from ..errors import JobFailed, describe_error
 from ..naming import MODEL_MARKER, actor_name, actor_prefix, job_workdir
 from ..spec import JobSpec
@@ -623,6 +624,13 @@ class JobRunner:
     def _task_size(self, state: dict[str, Any]) -> int:
         """The number of prompts of the task: recorded in the job's state the first time, by a
         Ray task (a jsonl or dataset task reads its whole file to know it: never in the leader)."""
+        ev = self.spec.eval
+        if ev is not None and ev.task is not None and not state.get("eval_task_size"):
+            try:  # a held-out task that cannot be read fails the job now, not at its first evaluation
+                size, _ = self.actors.get(self.actors.task(_task_facts, self.spec.to_json(), True), timeout=600)
+            except Exception as e:
+                raise JobFailed(f"eval.task: {describe_error(e)}") from None
+            self.ctx.update_state(expect=live, eval_task_size=size)
         if state.get("task_size"):
             return int(state["task_size"])
         size, quarantined = self.actors.get(self.actors.task(_task_facts, self.spec.to_json()), timeout=600)
@@ -706,12 +714,17 @@ def _strategy_refusal(spec: JobSpec, strategy: Any) -> str | None:
     return None
 
 
-def _task_facts(spec_json: str) -> tuple[int, int]:
-    """(prompts, quarantined rows) of the job's task, built where it runs: in a Ray worker."""
+def _task_facts(spec_json: str, evaluation: bool = False) -> tuple[int, int]:
+    """(prompts, quarantined rows) of the job's task (or its eval task), built where it runs: in
+    a Ray worker."""
     from ..algo.tasks import make_task
 
     spec = JobSpec.model_validate_json(spec_json)
-    task = make_task(spec.task, spec.seed)
+    if evaluation:
+        assert spec.eval is not None and spec.eval.task is not None
+        task = make_task(spec.eval.task, eval_task_seed(spec.seed))
+    else:
+        task = make_task(spec.task, spec.seed)
     return len(task), len(task.quarantined)
 
 

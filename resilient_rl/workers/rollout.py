@@ -23,7 +23,7 @@ from controller.membership import Registration
 from controller.store import Store
 
 from ..algo.dynamic import round_sample_number, varied
-from ..algo.sampler import sample_seed
+from ..algo.sampler import eval_task_seed, sample_seed
 from ..algo.tasks import make_task
 from ..algo.tasks.reward_pool import RewardPool
 from ..spec import JobSpec, TaskSpec
@@ -225,7 +225,8 @@ class RolloutWorker:
             raise RuntimeError("this job's spec has no eval section")
         if self._eval is None:  # built on first use: a held-out dataset is read once per worker
             et = ev.task or self.spec.task
-            self._eval = (make_task(et, self.spec.seed), _reward_pool(et) if ev.task else self.rewards)
+            seed = eval_task_seed(self.spec.seed) if ev.task else self.spec.seed
+            self._eval = (make_task(et, seed), _reward_pool(et) if ev.task else self.rewards)
         task, pool = self._eval
         t0 = self._progress_at = time.monotonic()
         before = self.member.info.get("status")

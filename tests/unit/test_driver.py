@@ -1116,3 +1116,12 @@ def test_a_new_leader_evaluates_the_current_version_if_its_eval_was_lost(tmp_pat
     assert [e["version"] for e in job.c.state["evals"]] == [2, 4]
     assert len({(sh, lo) for v, sh, _, lo, _ in script.evaluated if v == 2}) == 3  # every shard, by the new leader too
     assert job.events("adopted")  # the second leader took the workers over
+
+
+def test_a_held_out_task_that_cannot_be_read_fails_the_job_at_its_start_naming_eval_task(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=2, eval={"every": 1, "task": {"kind": "jsonl", "path": str(tmp_path / "missing.jsonl")}})
+    job.lead()
+    assert job.finish() == "FAILED"
+    reason = str(job.c.state.get("reason"))
+    assert reason.startswith("eval.task: ") and "missing.jsonl" in reason, reason
+    assert not job.script.generated  # it failed before any shard
