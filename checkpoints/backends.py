@@ -376,27 +376,35 @@ def make_backend(name: str = "dcp") -> SnapshotBackend:
 
 
 def training_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any] | None = None
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any] | None = None,
+    trainable_only: bool = False,
 ) -> dict[str, Any]:
     """``{"model", "optim", "extra"}`` for :meth:`SnapshotBackend.async_save` / ``load``.
 
     Tensors alias the live parameters and optimizer state (no copy: the backend copies).
     An optimizer that never stepped gets zero state allocated by one ``lr=0`` step (torch's
     ``get_state_dict`` does it; parameters do not change), so a fresh model+optimizer can be
-    the target of a load. ``extra`` must be JSON-able.
+    the target of a load. ``extra`` must be JSON-able. ``trainable_only``: the parameters that
+    train (LoRA adapters), not the frozen ones (the base model, loaded from its folder).
     """
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = StateDictOptions(ignore_frozen_params=trainable_only)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     return {"model": model_sd, "optim": optim_sd, "extra": dict(extra or {})}
 
 
-def apply_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def apply_training_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], trainable_only: bool = False
+) -> None:
     """Push a loaded :func:`training_state` into ``model`` and ``optimizer`` (model tensors
     already alias the parameters; the optimizer needs its hyper-parameters and state set)."""
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
 
 
 def flatten_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str]:

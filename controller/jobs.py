@@ -263,5 +263,7 @@ def scale(
     if strategy is not None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: want one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        if strategy != "ddp" and (get(store, job_id).spec.get("trainer") or {}).get("lora"):
+            raise ValueError(f"strategy: {strategy} cannot train the job's trainer.lora adapters (ddp only)")
         changes["strategy"] = strategy
     return update_desired(store, job_id, expect=expect, **changes)

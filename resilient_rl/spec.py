@@ -329,6 +329,32 @@ class RolloutSpec(_Section):
         return self
 
 
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
+
+
+class LoraSpec(_Section):
+    """LoRA adapters (through peft): only the adapters train; the base model stays frozen."""
+
+    r: int = Size(8, ge=1, le=1024, why="the adapter's rank; past 1,024 a full fine-tune costs less",
+                  description="Adapter rank.")  # fmt: skip
+    alpha: float = Field(16.0, gt=0, le=1e4, description="LoRA alpha (the update is scaled by alpha / r).")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        max_length=64,
+        description="Names (or name suffixes) of the linear layers that get adapters (peft's target_modules).",
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input (0: none).")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _MODULE_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a module name (letters, digits, _ and ., at most 128)")
+        return v
+
+
 class TrainerSpec(_Section):
     """The trainer group (torch.distributed: DDP, or FSDP2 for models one rank cannot hold)."""
 
@@ -404,6 +430,12 @@ class TrainerSpec(_Section):
         "the shadow copy and replays at most shadow_every steps: no process start, no model load) "
         "and a new spare is started in the background. Each spare reserves num_cpus / num_gpus like a "
         "rank and shows in membership as `trainer-spare`. 0: a new process is started at the recovery.",
+    )
+    lora: LoraSpec | None = Field(
+        None,
+        description="Train LoRA adapters instead of the whole model (needs the lora extra: pip "
+        "install 'resilient-rl[lora]'; strategy ddp). Snapshots and shadow copies hold the adapters and "
+        "their optimizer state only; the rollout engines get the merged weights.",
     )
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="gloo on CPU, nccl on GPU.")
     num_cpus: float = Size(1.0, gt=0, le=1024, why=_CPUS_WHY, description="CPUs Ray reserves for each rank.")
@@ -575,9 +607,44 @@ class EvalSpec(_Section):
     )  # fmt: skip
 
 
+class MLflowSpec(_Section):
+    """An MLflow tracking server or folder (one run per job)."""
+
+    tracking_uri: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="http(s)://host:port of a tracking server, any MLflow store URI (sqlite:///...), or a "
+        "folder (relative: under the job's workdir) that gets an SQLite store, mlflow.db.",
+    )
+    experiment: str = Field("rrl", min_length=1, max_length=256, description="The MLflow experiment's name.")
+
+
+class WandbSpec(_Section):
+    """A Weights & Biases run per job (its id is the job id)."""
+
+    project: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$", description="W&B project.")
+    entity: str | None = Field(None, min_length=1, max_length=128, description="W&B entity (team); absent: yours.")
+    mode: Literal["offline", "online"] = Field(
+        "offline",
+        description="offline: run files under <workdir>/wandb (upload later with `wandb sync`); online: "
+        "to the W&B server (needs WANDB_API_KEY or `wandb login` where the controller runs).",
+    )
+
+
 class LoggingSpec(_Section):
     """Experiment loggers: every committed step's metrics, each step once (through faults and
     leader changes: a new leader reads the log back and writes the committed steps it lacks)."""
+
+    wandb: WandbSpec | None = Field(
+        None,
+        description="Log every committed step (and evaluation) to Weights & Biases: run id = job id, resumed "
+        "by every leader (needs the wandb extra: pip install 'resilient-rl[wandb]').",
+    )
+    mlflow: MLflowSpec | None = Field(
+        None,
+        description="Log every committed step (and evaluation) to MLflow: one run per job, tagged rrl_job "
+        "(needs the mlflow extra: pip install 'resilient-rl[mlflow]').",
+    )
 
     tensorboard: str | None = Field(
         None,
@@ -648,6 +715,8 @@ class JobSpec(_Section):
         t = self.trainer
         if t.strategy == "fsdp" and self.checkpoint.backend != "dcp":
             raise ValueError("trainer.strategy fsdp needs checkpoint.backend dcp (sharded snapshots that reshard)")
+        if t.lora is not None and t.strategy != "ddp":
+            raise ValueError("trainer.lora needs trainer.strategy ddp (adapters are not sharded)")
         if t.mixed_precision != "none" and t.strategy != "fsdp":
             raise ValueError("trainer.mixed_precision needs trainer.strategy fsdp (its MixedPrecisionPolicy)")
         return self

@@ -9,9 +9,12 @@ the leader writes before each commit: see ``controller/steplog.py``), then goes 
 at start and keyed by step, no step is written twice and none is lost; a record torn by a
 kill mid-write is not read back, so its step is written again.
 
-TensorBoard (``logging.tensorboard: DIR``, relative to the job's workdir) needs the
-``tensorboard`` extra; a job that names it without the package installed fails at its
-start with the command to run.
+TensorBoard (``logging.tensorboard: DIR``, relative to the job's workdir), MLflow
+(``logging.mlflow: {tracking_uri, experiment}``: one run per job, found again by its
+``rrl_job`` tag) and Weights & Biases (``logging.wandb: {project, mode}``: the run id is the
+job id, resumed) each need their extra; a job that names one without the package installed
+fails at its start with the command to run. Evaluation records (``spec.eval``) are logged the
+same way, keyed by their step, back-filled from the job's state.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import struct
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +34,7 @@ from .context import JobContext
 
 log = logging.getLogger(__name__)
 
-EXTRA = "pip install 'resilient-rl[tensorboard]'"
+EXTRAS = {name: f"pip install 'resilient-rl[{name}]'" for name in ("tensorboard", "mlflow", "wandb")}
 TAG = "rrl/"  # every scalar's tag starts with it; reward is written for every step (the read-back key)
 
 
@@ -55,7 +61,7 @@ class TensorBoardLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ImportError(f"logging.tensorboard needs the tensorboard package: {EXTRA}") from None
+            raise ImportError(f"logging.tensorboard needs the tensorboard package: {EXTRAS['tensorboard']}") from None
         self.logdir = logdir
         logdir.mkdir(parents=True, exist_ok=True)
         self.logged = logged_steps(logdir)
@@ -112,21 +118,176 @@ def logged_steps(logdir: Path, tag: str = TAG + "reward") -> set[int]:
     return steps
 
 
+class MLflowLog:
+    """Scalars of committed steps in one MLflow run per job (tag ``rrl_job``, run name the job
+    id) of ``experiment`` at ``tracking_uri``; the steps already there are read back (the
+    metric history of ``rrl/reward``) and skipped, as TensorBoard's are."""
+
+    def __init__(self, tracking_uri: str, experiment: str, job: str) -> None:
+        try:
+            from mlflow.entities import Metric
+            from mlflow.tracking import MlflowClient
+        except ImportError:
+            raise ImportError(f"logging.mlflow needs the mlflow package: {EXTRAS['mlflow']}") from None
+        self._metric = Metric
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        found = self.client.get_experiment_by_name(experiment)
+        if found is None:
+            try:
+                exp_id = self.client.create_experiment(experiment)
+            except Exception:  # noqa: BLE001 - another leader created it first
+                found = self.client.get_experiment_by_name(experiment)
+                if found is None:
+                    raise
+                exp_id = found.experiment_id
+        else:
+            exp_id = found.experiment_id
+        runs = self.client.search_runs([exp_id], filter_string=f"tags.rrl_job = '{job}'",
+                                       order_by=["attributes.start_time ASC"], max_results=1)  # fmt: skip
+        if runs:
+            self.run_id = runs[0].info.run_id
+        else:
+            self.run_id = self.client.create_run(exp_id, run_name=job, tags={"rrl_job": job}).info.run_id
+        self.logged = {int(m.step) for m in self.client.get_metric_history(self.run_id, TAG + "reward")}
+        self.evals = {int(m.step) for m in self.client.get_metric_history(self.run_id, TAG + "eval/reward")}
+
+    def _log(self, values: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[self._metric(k, v, now, step) for k, v in values.items()])
+
+    def write(self, line: dict[str, Any]) -> None:
+        k = int(line["step"])
+        if k not in self.logged:
+            self._log(scalars(line), k)
+            self.logged.add(k)
+
+    def write_eval(self, record: dict[str, Any]) -> None:
+        k = int(record["step"])
+        if k not in self.evals:
+            self._log(eval_scalars(record), k)
+            self.evals.add(k)
+
+    def close(self) -> None:
+        pass  # the run stays open: the job's next leader logs to it
+
+
+class WandbLog:
+    """Scalars of committed steps in the W&B run whose id is the job id (``resume="allow"``:
+    every leader, online or offline, logs to the same run), at W&B's ``step`` = the job's
+    step. Known logged: online, the steps before the resumed run's ``step``; offline (and
+    online too), what the run files under ``<workdir>/wandb`` hold (read back like
+    TensorBoard's). Evaluations are logged in the row of the newest step then, with
+    ``rrl/eval/version`` as their own x axis (W&B drops a row below its current step)."""
+
+    def __init__(self, spec: Any, job: str, workdir: Path) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise ImportError(f"logging.wandb needs the wandb package: {EXTRAS['wandb']}") from None
+        root = workdir / "wandb"
+        self.logged, self.evals = wandb_logged(root, job)
+        root.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=spec.project, entity=spec.entity, id=job, name=job, resume="allow",
+                              mode=spec.mode, dir=str(workdir), reinit="create_new",
+                              settings=wandb.Settings(silent=True, console="off"))  # fmt: skip
+        self.run.define_metric("rrl/eval/*", step_metric="rrl/eval/version")
+        self.logged |= set(range(int(self.run.step or 0)))
+        last = self.run.summary.get("rrl/eval/version") if spec.mode == "online" else None
+        if isinstance(last, int | float):
+            self.evals |= set(range(int(last) + 1))
+        self.step = max(self.logged, default=-1)  # the newest row: W&B refuses one below it
+
+    def write(self, line: dict[str, Any]) -> None:
+        k = int(line["step"])
+        if k in self.logged or k < self.step:
+            return
+        self.run.log(scalars(line), step=k)
+        self.logged.add(k)
+        self.step = k
+
+    def write_eval(self, record: dict[str, Any]) -> None:
+        v = int(record["version"])
+        if v in self.evals:
+            return
+        self.run.log({**eval_scalars(record), "rrl/eval/version": v}, step=max(self.step, 0))
+        self.evals.add(v)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def wandb_logged(root: Path, job: str) -> tuple[set[int], set[int]]:
+    """(steps, eval versions) the W&B run files of run ``job`` under ``root`` hold (``.wandb``
+    files: LevelDB log records of W&B's protobuf ``Record``; a torn tail is skipped)."""
+    from wandb.proto import wandb_internal_pb2
+
+    steps: set[int] = set()
+    evals: set[int] = set()
+    for f in sorted(glob.glob(os.path.join(str(root), "*run-*", f"run-{job}.wandb"))):
+        try:
+            for raw in _leveldb_records(Path(f).read_bytes()):
+                rec = wandb_internal_pb2.Record()
+                rec.ParseFromString(raw)
+                if rec.WhichOneof("record_type") != "history":
+                    continue
+                items = {i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item}
+                if TAG + "reward" in items:
+                    steps.add(int(rec.history.step.num))
+                if "rrl/eval/version" in items:
+                    evals.add(int(float(items["rrl/eval/version"])))
+        except Exception as e:  # noqa: BLE001 - a damaged file: what it holds past the damage is written again
+            log.warning("wandb: could not read all of %s (%s)", f, e)
+    return steps, evals
+
+
+def _leveldb_records(data: bytes, block: int = 32768) -> Iterator[bytes]:
+    """The records of a W&B run file: a 7-byte header (``:W&B``, magic, version), then LevelDB
+    log blocks of ``block`` bytes, each record a 7-byte header (crc32c, length, type: full,
+    first, middle, last) and its bytes. Stops at a torn record."""
+    if data[:4] != b":W&B":
+        raise ValueError("not a W&B run file")
+    pos, part = 7, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # the block's tail is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:  # zeros: padding to the block's end
+            pos += left
+            continue
+        chunk = data[pos + 7 : pos + 7 + length]
+        if len(chunk) < length:
+            return
+        pos += 7 + length
+        if kind == 1:
+            yield chunk
+        elif kind == 2:
+            part = chunk
+        elif kind == 3:
+            part += chunk
+        elif kind == 4:
+            yield part + chunk
+            part = b""
+
+
 class ExperimentLog:
     """The job's loggers, opened at the first commit of this leader (see module doc)."""
 
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
-        self._tb: TensorBoardLog | None = None
+        self._sinks: list[Any] = []  # TensorBoardLog, MLflowLog, WandbLog: logged, evals, write, write_eval, close
         self._opened = False
 
     def check(self) -> None:
         """Raise ImportError naming the extra to install when a logger the spec names is missing."""
-        if self.ctx.spec.logging.tensorboard is not None:
-            try:
-                import tensorboard  # noqa: F401
-            except ImportError:
-                raise ImportError(f"logging.tensorboard needs the tensorboard package: {EXTRA}") from None
+        spec = self.ctx.spec.logging
+        for name, module in (("tensorboard", "tensorboard"), ("mlflow", "mlflow"), ("wandb", "wandb")):
+            if getattr(spec, name) is not None:
+                try:
+                    __import__(module)
+                except ImportError:
+                    raise ImportError(f"logging.{name} needs the {module} package: {EXTRAS[name]}") from None
 
     def committed(self, k: int, line: dict[str, Any]) -> None:
         """Step ``k`` is committed, with metrics ``line``: log it (and, the first time, every
@@ -135,10 +296,10 @@ class ExperimentLog:
         try:
             if not self._opened:
                 self._open(k)
-            if self._tb is not None:
+            for sink in self._sinks:
                 with self.ctx.write_lock:  # as the metrics line: a stopped or deposed runner writes nothing
                     self.ctx.check_leader()
-                    self._tb.write(line)
+                    sink.write(line)
         except NotLeader:
             raise
         except Exception as e:  # noqa: BLE001 - see docstring
@@ -150,10 +311,10 @@ class ExperimentLog:
         try:
             if not self._opened:  # no commit of this leader yet (an eval drained at the end, after a take-over)
                 self._open(int(self.ctx.read_state().get("step") or 0))
-            if self._tb is not None:
+            for sink in self._sinks:
                 with self.ctx.write_lock:
                     self.ctx.check_leader()
-                    self._tb.write_eval(record)
+                    sink.write_eval(record)
         except NotLeader:
             raise
         except Exception as e:  # noqa: BLE001 - see committed
@@ -163,21 +324,33 @@ class ExperimentLog:
         from controller import steplog
 
         self._opened = True
-        tb = self.ctx.spec.logging.tensorboard
-        if tb is None:
+        spec = self.ctx.spec.logging
+        if spec.tensorboard is not None:
+            tb = spec.tensorboard
+            self._sinks.append(TensorBoardLog(Path(tb) if os.path.isabs(tb) else self.ctx.workdir / tb))
+        if spec.mlflow is not None:
+            uri = spec.mlflow.tracking_uri
+            if "://" not in uri and not uri.startswith(("file:", "databricks", "sqlite:")):  # a local folder
+                folder = (Path(uri) if os.path.isabs(uri) else self.ctx.workdir / uri).resolve()
+                folder.mkdir(parents=True, exist_ok=True)
+                uri = f"sqlite:///{folder / 'mlflow.db'}"  # MLflow 3 refuses a bare folder store
+            self._sinks.append(MLflowLog(uri, spec.mlflow.experiment, self.ctx.job))
+        if spec.wandb is not None:
+            self._sinks.append(WandbLog(spec.wandb, self.ctx.job, self.ctx.workdir))
+        if not self._sinks:
             return
-        path = Path(tb) if os.path.isabs(tb) else self.ctx.workdir / tb
-        self._tb = TensorBoardLog(path)
-        missing = [r for r in steplog.read(self.ctx.workdir / "metrics.jsonl", committed=k)
-                   if int(r["step"]) not in self._tb.logged]  # fmt: skip
-        for row in missing:
-            self._tb.write(row)
-        for rec in self.ctx.read_state().get("evals") or []:  # evaluations recorded, not yet logged
-            self._tb.write_eval(rec)
-        if missing:
-            log.info("job %s: tensorboard: wrote %d committed step(s) a previous leader had not", self.ctx.job,
-                     len(missing))  # fmt: skip
+        rows = steplog.read(self.ctx.workdir / "metrics.jsonl", committed=k)
+        evals = self.ctx.read_state().get("evals") or []
+        for sink in self._sinks:  # what a previous leader committed or recorded and the log lacks
+            missing = [r for r in rows if int(r["step"]) not in sink.logged]
+            for row in missing:
+                sink.write(row)
+            for rec in evals:
+                sink.write_eval(rec)
+            if missing:
+                log.info("job %s: %s: wrote %d committed step(s) a previous leader had not", self.ctx.job,
+                         type(sink).__name__, len(missing))  # fmt: skip
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for sink in self._sinks:
+            sink.close()

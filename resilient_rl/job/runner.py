@@ -171,6 +171,11 @@ class JobRunner:
     def _run(self) -> None:
         try:
             self.committer.log.check()
+            if self.spec.trainer.lora is not None:
+                try:
+                    import peft  # noqa: F401
+                except ImportError:
+                    raise ImportError("trainer.lora needs the peft package: pip install 'resilient-rl[lora]'") from None
         except ImportError as e:
             raise JobFailed(str(e)) from None
         state = self.ctx.read_state()

@@ -252,6 +252,39 @@ def _gather_to_rank0(
     return out[:n0]
 
 
+def _with_lora(model: torch.nn.Module, lora: Any) -> torch.nn.Module:
+    """``model`` with peft LoRA adapters on ``lora.target_modules``; only they train."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ImportError("trainer.lora needs the peft package: pip install 'resilient-rl[lora]'") from None
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
+                        lora_dropout=lora.dropout, bias="none", task_type="CAUSAL_LM")  # fmt: skip
+    try:
+        return get_peft_model(model, config)
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+        raise ValueError(f"trainer.lora.target_modules: {e}") from None
+
+
+def _merged_lora_state(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """A peft LoRA model's weights as the base model's state dict, each adapted layer's weight
+    with its update (``B @ A * alpha / r``, peft's ``get_delta_weight``) added: fresh tensors
+    for those, the live ones elsewhere."""
+    from peft.tuners.lora import LoraLayer
+
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    prefix = "base_model.model."
+    with torch.no_grad():
+        for key, t in model.state_dict().items():
+            if ".lora_" in key:
+                continue
+            owner, _, leaf = key.rpartition(".base_layer.")
+            name = key if not owner else f"{owner}.{leaf}"
+            if owner and leaf == "weight" and owner in layers:
+                t = t + layers[owner].get_delta_weight("default").to(t.dtype)
+            yield name.removeprefix(prefix), t
+
+
 def _ddp(model: torch.nn.Module) -> torch.nn.Module:
     """DDP over the default group, without its start-up broadcast from rank 0: every rank
     already holds the same state (loaded from one source), and after a hot recovery rank 0 may
@@ -289,6 +322,9 @@ class TrainCore:
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device)
             if t.activation_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.lora = t.lora is not None
+        if t.lora is not None:  # after the seed: the adapters' initialisation is the same on every rank
+            model = _with_lora(model, t.lora)
         model.train()
         self.module = model
         self.model: torch.nn.Module = model
@@ -487,7 +523,7 @@ class TrainCore:
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         buf = self._bucket_buffer(bucket_bytes) if reuse and self.rank == 0 else None
-        for name, t in self.module.state_dict().items():
+        for name, t in self._policy_state():
             t = t.detach()
             nbytes = _padded_bytes(t, self.world)
             region = None
@@ -518,6 +554,14 @@ class TrainCore:
             self._buffer = torch.empty(-(-nbytes // 64) * 64 + 64, dtype=torch.uint8)
         return self._buffer
 
+    def _policy_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights by the base model's names: the state dict, or under LoRA the
+        base weights with each adapter's update merged in (what the rollout engines load)."""
+        if not self.lora:
+            yield from self.module.state_dict().items()
+            return
+        yield from _merged_lora_state(self.module)
+
     def full_state(self) -> dict[str, torch.Tensor]:
         """The whole state dict on rank 0, copies (empty elsewhere): a collective under fsdp."""
         return {k: v for b in self.buckets(1 << 62, reuse=False) for k, v in b}
@@ -525,7 +569,7 @@ class TrainCore:
     def digest(self) -> str | None:
         """:func:`weights_digest` of the full weights on rank 0 (None elsewhere): a collective under fsdp."""
         h = hashlib.sha256()
-        sd = self.module.state_dict()
+        sd = dict(self._policy_state())
         for name in sorted(sd):  # the same order on every rank: one gather at a time
             full = _full(sd[name].detach())
             if self.rank == 0:
@@ -539,7 +583,7 @@ class TrainCore:
         """The (sharded under fsdp) state for a snapshot backend: see ``checkpoints.backends``."""
         from checkpoints.backends import training_state
 
-        return training_state(self.module, self.opt, extra)
+        return training_state(self.module, self.opt, extra, trainable_only=self.lora)
 
     def shadow_state(self, into: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], str]:
         """This rank's part of the training state (model, optimizer, step) as plain CPU tensors
@@ -667,5 +711,5 @@ class TrainCore:
     def apply_state(self, state: dict[str, Any]) -> None:
         from checkpoints.backends import apply_training_state
 
-        apply_training_state(self.module, self.opt, state)
+        apply_training_state(self.module, self.opt, state, trainable_only=self.lora)
         self.step = int(state["extra"]["step"])

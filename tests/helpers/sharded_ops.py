@@ -43,9 +43,10 @@ def script(rank: int, world: int, spec_json: str, model_dir: str, batches: list[
             core = None  # the previous core's memory goes first
             over = op[2] if len(op) > 2 else {}  # trainer fields changed for this core only
             algo = op[3] if len(op) > 3 else {}  # algorithm fields (a JSON mapping), for this core only
-            built = spec.model_copy(update={"trainer": spec.trainer.model_copy(update=over)}) if over else spec
-            if algo:
-                data = json.loads(built.to_json())
+            built = spec
+            if over or algo:  # through validation: nested sections (trainer.lora) become models
+                data = json.loads(spec.to_json())
+                data["trainer"].update(over)
                 data["algorithm"].update(algo)
                 built = JobSpec.model_validate(data)
             core = TrainCore(built, model_dir, rank, world, op[1])

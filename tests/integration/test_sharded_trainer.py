@@ -207,3 +207,40 @@ def test_dynamic_sampling_and_the_loss_aggregations_train_alike_at_world_1_and_2
     assert one["loss:ddp+dynamic_sampling+loss_aggregation"] == pytest.approx(one["loss:ddp+loss_aggregation"][:1])
     assert two["loss:fsdp+dynamic_sampling+loss_aggregation"] == pytest.approx(
         one["loss:ddp+dynamic_sampling+loss_aggregation"], rel=1e-5)  # fmt: skip
+
+
+def test_lora_trains_alike_at_world_1_and_2_and_its_snapshot_holds_the_adapters_only(
+    model_dir: str, tmp_path: Path
+) -> None:
+    """trainer.lora: only the adapters train (the merged weights move, the base stays); a
+    sharded snapshot (DCP) of the state is the adapters and their optimizer state, a small
+    fraction of a full one; a fresh LoRA core restores it bit-exactly; world 2 trains the
+    weights world 1 does (up to the reduction order). Prints the snapshot bytes with and
+    without LoRA (BENCHMARKS.md)."""
+    lora = {"lora": {"r": 4, "alpha": 8}}
+    full, small = str(tmp_path / "full"), str(tmp_path / "lora")
+    steps = [("train", i) for i in range(3)]
+    one = local_group.run(1, script, _spec(), model_dir, BATCHES,
+                          [("build", "ddp", lora), ("record", "init"), *steps, ("save", small), ("record", "lora"),
+                           ("buckets", "lora_buckets", BUCKET),
+                           ("build", "ddp", lora), ("load", small), ("record", "restored"),
+                           ("build", "ddp"), *steps, ("save", full), ("buckets", "buckets", BUCKET)])[0]  # fmt: skip
+    two = local_group.run(2, script, _spec(), model_dir, BATCHES, [("build", "ddp", lora), *steps, ("record", "lora")])[
+        0
+    ]
+    init, trained = one["init"]["weights"], one["lora"]["weights"]
+    # the base model's names, merged weights: what the engines load, with or without LoRA
+    assert sorted(trained) == sorted(one["buckets"]["names"]) == sorted(one["lora_buckets"]["names"])
+    moved = [k for k in trained if not torch.equal(trained[k], init[k])]
+    assert moved and all(
+        k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")) for k in moved
+    )
+    assert one["restored"]["digest"] == one["lora"]["digest"]
+    _close(two["lora"]["weights"], trained, 1e-5)
+
+    def nbytes(path: str) -> int:
+        return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+    print(f"\nsnapshot bytes, tiny model: full {nbytes(full):,}, LoRA r=4 {nbytes(small):,}; "
+          f"weight sync bytes: full {sum(one['buckets']['sizes']):,}, LoRA (merged) {sum(one['lora_buckets']['sizes']):,}")  # fmt: skip
+    assert nbytes(small) * 10 < nbytes(full)

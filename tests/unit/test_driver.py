@@ -1125,3 +1125,118 @@ def test_a_held_out_task_that_cannot_be_read_fails_the_job_at_its_start_naming_e
     reason = str(job.c.state.get("reason"))
     assert reason.startswith("eval.task: ") and "missing.jsonl" in reason, reason
     assert not job.script.generated  # it failed before any shard
+
+
+def test_a_leader_killed_between_a_commit_and_its_mlflow_write_loses_no_step_and_doubles_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the TensorBoard test, with MLflow (a tracking folder): the next leader finds the job's
+    run by its tag, reads the metric history back and writes only what it lacks; an eval is
+    logged too."""
+    from mlflow.tracking import MlflowClient
+
+    from controller.election import NotLeader
+    from resilient_rl.job.explog import ExperimentLog
+
+    job = Job(tmp_path, Script(train_delay_s=0.02), steps=6, logging={"mlflow": {"tracking_uri": "mlruns"}},
+              eval={"every": 3, "prompts": 2})  # fmt: skip
+    real = ExperimentLog.committed
+    died: list[int] = []
+
+    def dies_at_2(self: ExperimentLog, k: int, line: dict[str, Any]) -> None:
+        if k == 2 and not died:
+            died.append(k)
+            job.c.leads = False
+            raise NotLeader("killed between the commit and the log write")
+        real(self, k, line)
+
+    monkeypatch.setattr(ExperimentLog, "committed", dies_at_2)
+    first = job.lead()
+    first._thread.join(20)
+    assert died == [2] and not first._thread.is_alive()
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'work' / 'mlruns').resolve() / 'mlflow.db'}")
+    (exp,) = [e for e in client.search_experiments() if e.name == "rrl"]
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.data.tags["rrl_job"] == "drv" and run.info.run_name == "drv"
+    steps = Counter(int(m.step) for m in client.get_metric_history(run.info.run_id, "rrl/reward"))
+    assert steps == Counter({s: 1 for s in range(6)})
+    evals = Counter(int(m.step) for m in client.get_metric_history(run.info.run_id, "rrl/eval/reward"))
+    assert evals == Counter({2: 1, 5: 1})
+
+
+def _wandb_counts(root: Path, job: str) -> tuple[Counter[int], Counter[int]]:
+    """How often each step's reward and each eval version are in the W&B run files under ``root``."""
+    import glob
+
+    from wandb.proto import wandb_internal_pb2
+
+    from resilient_rl.job.explog import _leveldb_records
+
+    steps: Counter[int] = Counter()
+    evals: Counter[int] = Counter()
+    for f in glob.glob(str(root / "*run-*" / f"run-{job}.wandb")):
+        for raw in _leveldb_records(Path(f).read_bytes()):
+            rec = wandb_internal_pb2.Record()
+            rec.ParseFromString(raw)
+            if rec.WhichOneof("record_type") == "history":
+                items = {i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item}
+                steps.update([int(rec.history.step.num)] if "rrl/reward" in items else [])
+                evals.update([int(float(items["rrl/eval/version"]))] if "rrl/eval/version" in items else [])
+    return steps, evals
+
+
+def test_a_leader_killed_between_a_commit_and_its_wandb_write_loses_no_step_and_doubles_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the TensorBoard test, with W&B offline: both leaders log to the run whose id is the job
+    id; the next one reads the run files back and writes only what they lack; evals too."""
+    from controller.election import NotLeader
+    from resilient_rl.job.explog import ExperimentLog
+
+    job = Job(tmp_path, Script(train_delay_s=0.02), steps=6, logging={"wandb": {"project": "rrl-test"}},
+              eval={"every": 3, "prompts": 2})  # fmt: skip
+    real = ExperimentLog.committed
+    died: list[int] = []
+
+    def dies_at_2(self: ExperimentLog, k: int, line: dict[str, Any]) -> None:
+        if k == 2 and not died:
+            died.append(k)
+            job.c.leads = False
+            raise NotLeader("killed between the commit and the log write")
+        real(self, k, line)
+
+    monkeypatch.setattr(ExperimentLog, "committed", dies_at_2)
+    first = job.lead()
+    first._thread.join(30)
+    assert died == [2] and not first._thread.is_alive()
+    time.sleep(1.1)  # W&B names an offline run's folder by the second it started
+    job.lead()
+    assert job.finish(timeout=60) == "SUCCEEDED"
+    want = (Counter({s: 1 for s in range(6)}), Counter({3: 1, 6: 1}))
+    deadline = time.monotonic() + 20  # W&B's service process writes the run file behind finish()
+    while (got := _wandb_counts(tmp_path / "work" / "wandb", "drv")) != want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert got == want
+    assert len(list((tmp_path / "work" / "wandb").glob("offline-run-*-drv"))) == 2  # one per leader term
+
+
+@pytest.mark.parametrize(
+    ("module", "spec", "field"),
+    [("peft", {"trainer": {"lora": {}}}, "trainer.lora"), ("mlflow", {"logging": {"mlflow": {"tracking_uri": "m"}}},
+     "logging.mlflow"), ("wandb", {"logging": {"wandb": {"project": "p"}}}, "logging.wandb")],
+)  # fmt: skip
+def test_a_job_naming_an_extra_that_is_not_installed_fails_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, spec: dict[str, Any], field: str
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed: import raises ImportError
+    job = Job(tmp_path, steps=2, **spec)
+    job.lead()
+    assert job.finish() == "FAILED"
+    reason = str(job.c.state.get("reason"))
+    extra = {"peft": "lora"}.get(module, module)
+    assert f"{field} needs the {module} package" in reason and f"resilient-rl[{extra}]" in reason, reason
+    assert not job.script.generated

@@ -177,3 +177,33 @@ def test_binary_job_file_is_a_spec_error(tmp_path: Path) -> None:
     f.write_bytes(b"name: a\n\x00\x01\x02")  # valid UTF-8, not YAML text
     with pytest.raises(SpecError, match=rf"{f}.*not valid YAML"):
         load_spec(f)
+
+
+def test_lora_is_bounded_named_and_ddp_only() -> None:
+    spec = parse_spec({**MINIMAL, "trainer": {"lora": {"r": 16, "target_modules": ["q_proj", "mlp.up_proj"]}}})
+    assert spec.trainer.lora is not None and spec.trainer.lora.alpha == 16.0
+    with pytest.raises(SpecError, match=r"trainer\.lora\.r"):
+        parse_spec({**MINIMAL, "trainer": {"lora": {"r": 4096}}})
+    with pytest.raises(SpecError, match=r"trainer\.lora\.target_modules"):
+        parse_spec({**MINIMAL, "trainer": {"lora": {"target_modules": ["q_proj; rm -rf /"]}}})
+    with pytest.raises(SpecError, match=r"trainer\.lora\.target_modules"):
+        parse_spec({**MINIMAL, "trainer": {"lora": {"target_modules": []}}})
+    with pytest.raises(SpecError, match="trainer.lora needs trainer.strategy ddp"):
+        parse_spec({**MINIMAL, "trainer": {"lora": {}, "strategy": "fsdp"}})
+
+
+def test_loggers_and_eval_name_their_fields() -> None:
+    spec = parse_spec({**MINIMAL, "logging": {"wandb": {"project": "p"}, "mlflow": {"tracking_uri": "mlruns"}},
+                       "eval": {"every": 5}})  # fmt: skip
+    assert spec.logging.wandb is not None and spec.logging.wandb.mode == "offline"
+    assert spec.eval is not None and spec.eval.task is None and spec.eval.samples == 1
+    with pytest.raises(SpecError, match=r"logging\.wandb\.mode"):
+        parse_spec({**MINIMAL, "logging": {"wandb": {"project": "p", "mode": "cloud"}}})
+    with pytest.raises(SpecError, match=r"logging\.wandb\.project"):
+        parse_spec({**MINIMAL, "logging": {"wandb": {"project": "a/b"}}})
+    with pytest.raises(SpecError, match=r"logging\.mlflow\.tracking_uri"):
+        parse_spec({**MINIMAL, "logging": {"mlflow": {}}})
+    with pytest.raises(SpecError, match=r"eval\.samples"):
+        parse_spec({**MINIMAL, "eval": {"samples": 1000}})
+    with pytest.raises(SpecError, match=r"eval\.pass_threshold"):
+        parse_spec({**MINIMAL, "eval": {"pass_threshold": 0}})
