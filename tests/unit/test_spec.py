@@ -207,3 +207,17 @@ def test_loggers_and_eval_name_their_fields() -> None:
         parse_spec({**MINIMAL, "eval": {"samples": 1000}})
     with pytest.raises(SpecError, match=r"eval\.pass_threshold"):
         parse_spec({**MINIMAL, "eval": {"pass_threshold": 0}})
+
+
+@pytest.mark.parametrize("name", ["copy-tiny.yaml", "gsm8k-qwen.yaml", "gsm8k-lora.yaml"])
+def test_the_example_job_files_are_valid_specs(name: str) -> None:
+    from pathlib import Path
+
+    from resilient_rl.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "examples" / name)
+    if name == "gsm8k-lora.yaml":  # the README's GSM8K-style job with LoRA, dynamic sampling, eval, loggers
+        assert spec.trainer.lora is not None and spec.algorithm.dynamic_sampling is not None
+        assert spec.eval is not None and spec.eval.task is not None and spec.eval.task.split == "test"
+        lg = spec.logging
+        assert lg.tensorboard and lg.mlflow is not None and lg.wandb is not None
