@@ -465,6 +465,25 @@ class DynamicSamplingSpec(_Section):
     )
 
 
+class OverlongSpec(_Section):
+    """DAPO's handling of responses that hit ``rollout.sampling.max_tokens`` (truncated)."""
+
+    filter: bool = Field(
+        False, description="Truncated responses (max_tokens long) get advantage 0: they neither push nor pull "
+        "(their reward still counts in their group's mean).",
+    )  # fmt: skip
+    buffer_tokens: int = Size(
+        0,
+        ge=0,
+        le=1_048_576,
+        why="at most rollout.sampling.max_tokens",
+        description="Soft punishment: a response longer than max_tokens - buffer_tokens loses penalty x "
+        "(its length past that) / buffer_tokens of its reward, linearly up to the whole penalty at "
+        "max_tokens (0: off). Applied by the trainer; the journal keeps the scored rewards.",
+    )
+    penalty: float = Field(1.0, gt=0, le=100, description="The soft punishment at max_tokens.")
+
+
 class AlgorithmSpec(_Section):
     """GRPO: group-normalised advantages, clipped ratio loss, optional KL to the reference."""
 
@@ -494,6 +513,9 @@ class AlgorithmSpec(_Section):
     )
     dynamic_sampling: DynamicSamplingSpec | None = Field(
         None, description="Drop zero-variance groups and refill the batch (DAPO). Absent: off."
+    )
+    overlong: OverlongSpec | None = Field(
+        None, description="Filter or softly punish responses cut at max_tokens (DAPO). Absent: off."
     )
 
 
@@ -715,6 +737,10 @@ class JobSpec(_Section):
         t = self.trainer
         if t.strategy == "fsdp" and self.checkpoint.backend != "dcp":
             raise ValueError("trainer.strategy fsdp needs checkpoint.backend dcp (sharded snapshots that reshard)")
+        ol = self.algorithm.overlong
+        if ol is not None and ol.buffer_tokens > self.rollout.sampling.max_tokens:
+            raise ValueError(f"algorithm.overlong.buffer_tokens ({ol.buffer_tokens}) is over "
+                             f"rollout.sampling.max_tokens ({self.rollout.sampling.max_tokens})")  # fmt: skip
         if t.lora is not None and t.strategy != "ddp":
             raise ValueError("trainer.lora needs trainer.strategy ddp (adapters are not sharded)")
         if t.mixed_precision != "none" and t.strategy != "fsdp":

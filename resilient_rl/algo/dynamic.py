@@ -79,3 +79,18 @@ def select_groups(samples: list[dict[str, Any]], n: int, keep: int) -> tuple[lis
         chosen = list(range(min(keep, len(flags))))
     out = [s for g in chosen for s in samples[g * n : (g + 1) * n]]
     return out, {"groups": len(flags), "kept": len(chosen), "dropped": len(flags) - len(chosen)}
+
+
+def overlong_shaping(
+    rewards: Sequence[float], lengths: Sequence[int], max_tokens: int, filter_: bool, buffer: int, penalty: float
+) -> tuple[list[float], list[bool]]:
+    """DAPO's overlong handling, per sample: the rewards the advantages are computed from (a
+    response longer than ``max_tokens - buffer`` loses ``penalty * (length - (max_tokens -
+    buffer)) / buffer``, at most ``penalty``; ``buffer`` 0: unchanged) and which samples train
+    (with ``filter_``, not those ``max_tokens`` long: truncated)."""
+    shaped = []
+    for r, n in zip(rewards, lengths, strict=True):
+        over = n - (max_tokens - buffer)
+        shaped.append(float(r) - (penalty * min(over, buffer) / buffer if buffer > 0 and over > 0 else 0.0))
+    trains = [not (filter_ and n >= max_tokens) for n in lengths]
+    return shaped, trains

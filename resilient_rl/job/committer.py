@@ -22,7 +22,7 @@ from .groups import RolloutGroup
 from .reward_guard import RewardErrorWindow
 
 # the trainer's per-step statistics kept in the metrics line (``train``) and the experiment loggers
-TRAIN_STATS = ("grad_norm", "kl", "clip_frac", "ratio_mean", "num_tokens", "groups_kept", "groups_dropped")
+TRAIN_STATS = ("grad_norm", "kl", "clip_frac", "ratio_mean", "num_tokens", "groups_kept", "groups_dropped", "truncated")
 
 
 class StepCommitter:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ..algo.dynamic import select_groups
+from ..algo.dynamic import overlong_shaping, select_groups
 from ..algo.grpo import group_advantages, grpo_loss, sequence_logprobs
 
 if TYPE_CHECKING:  # any object with the spec's fields works (bench/gpu_check.py runs where pydantic may not)
@@ -413,8 +413,16 @@ class TrainCore:
         picked: dict[str, int] = {}
         if a.dynamic_sampling is not None and a.dynamic_sampling.drop_zero_variance:
             samples, picked = select_groups(samples, n, self.spec.prompts_per_step)
-        rewards = torch.tensor([s["reward"] for s in samples], dtype=torch.float64).view(-1, n)
+        scored = [float(s["reward"]) for s in samples]
+        trains = [True] * len(samples)
+        if a.overlong is not None:  # DAPO: truncated responses filtered and/or softly punished
+            o = a.overlong
+            scored, trains = overlong_shaping(scored, [len(s["token_ids"]) for s in samples],
+                                              self.spec.rollout.sampling.max_tokens, o.filter, o.buffer_tokens,
+                                              o.penalty)  # fmt: skip
+        rewards = torch.tensor(scored, dtype=torch.float64).view(-1, n)
         adv = group_advantages(rewards, a.normalize_std).view(-1).float()
+        adv = adv * torch.tensor(trains, dtype=adv.dtype)
         total = len(samples)
         # what the summed sequence losses are divided by: the sequences, or every completion token
         divisor = max(1.0, float(sum(len(s["token_ids"]) for s in samples) if a.loss_aggregation == "token_mean"
@@ -454,6 +462,7 @@ class TrainCore:
             "loss": float(loss_sum) / divisor,  # the global batch's loss, as aggregated
             "reward_mean": reward_mean,
             "samples": total,
+            **({"truncated": trains.count(False)} if a.overlong is not None and a.overlong.filter else {}),
             **({"groups_kept": picked["kept"], "groups_dropped": picked["dropped"]} if picked else {}),
             "grad_norm": None if grad_norm is None else float(grad_norm),
             **step_stats,

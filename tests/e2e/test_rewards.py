@@ -159,7 +159,8 @@ def test_rrl_logs_follows_the_workers_output_with_a_raising_reward_functions_tra
 def test_dynamic_sampling_and_evaluation_with_tensorboard_and_the_replay_matches(
     platform: LivePlatform, tmp_path: Path
 ) -> None:
-    """`algorithm.dynamic_sampling` with `loss_aggregation: token_mean`, `eval` on a held-out
+    """`algorithm.dynamic_sampling` with `loss_aggregation: token_mean` and DAPO's overlong filter
+    and soft punishment, `eval` on a held-out
     task and TensorBoard, real workers: a reward that leaves about half the groups without a
     spread, so steps need extra rounds; every batch in the journal lists its rounds' shards;
     each step trains on at most prompts_per_step groups; the evaluations are recorded and
@@ -170,7 +171,8 @@ def test_dynamic_sampling_and_evaluation_with_tensorboard_and_the_replay_matches
 
     spec = _spec("e2e-dapo", tmp_path, f"{FNS}:length_parity")
     spec["steps"] = 4
-    spec["algorithm"] = {"dynamic_sampling": {"max_extra_prompts": 12}, "loss_aggregation": "token_mean"}
+    spec["algorithm"] = {"dynamic_sampling": {"max_extra_prompts": 12}, "loss_aggregation": "token_mean",
+                         "overlong": {"filter": True, "buffer_tokens": 2}}  # fmt: skip
     spec["eval"] = {"every": 2, "prompts": 6, "samples": 2, "task": {"kind": "reverse", "num_prompts": 20}}
     spec["logging"] = {"tensorboard": "tb"}
     job = platform.submit(spec)
@@ -200,5 +202,6 @@ def test_dynamic_sampling_and_evaluation_with_tensorboard_and_the_replay_matches
     lines = [json.loads(x) for x in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1, 2, 3]
     assert all(1 <= x["train"]["groups_kept"] <= 4 for x in lines), lines
+    assert all(0 <= x["train"]["truncated"] <= 8 for x in lines), lines  # responses cut at max_tokens: filtered
     digest = replay_digest(JobSpec.model_validate(rec.spec), 4, platform.data["ray"], platform.data["etcd"])
     assert digest == rec.state["weights_digest"]

@@ -87,3 +87,26 @@ def test_the_spec_bounds_and_names_the_fields() -> None:
         parse_spec({**MINIMAL, "algorithm": {"dynamic_sampling": {"max_extra": 3}}})
     with pytest.raises(SpecError, match=r"algorithm\.loss_aggregation"):
         parse_spec({**MINIMAL, "algorithm": {"loss_aggregation": "token_sum"}})
+
+
+def test_overlong_responses_are_punished_softly_and_truncated_ones_filtered() -> None:
+    from resilient_rl.algo.dynamic import overlong_shaping
+
+    rewards, lengths = [1.0, 1.0, 1.0, 1.0, 0.0], [4, 6, 7, 8, 8]
+    shaped, trains = overlong_shaping(rewards, lengths, 8, True, 4, 0.5)
+    assert shaped == pytest.approx([1.0, 0.75, 0.625, 0.5, -0.5])  # past 8 - 4 tokens: 0.5 x (L - 4) / 4
+    assert trains == [True, True, True, False, False]  # 8 tokens: cut at max_tokens
+    same, all_train = overlong_shaping(rewards, lengths, 8, False, 0, 1.0)
+    assert same == rewards and all(all_train)
+
+
+def test_overlong_buffer_is_bounded_by_max_tokens() -> None:
+    ok = parse_spec({**MINIMAL, "algorithm": {"overlong": {"filter": True, "buffer_tokens": 8}},
+                     "rollout": {"sampling": {"max_tokens": 8}}})  # fmt: skip
+    assert ok.algorithm.overlong is not None and ok.algorithm.overlong.filter
+    with pytest.raises(
+        SpecError, match=r"algorithm\.overlong\.buffer_tokens \(9\) is over rollout\.sampling\.max_tokens"
+    ):
+        parse_spec(
+            {**MINIMAL, "algorithm": {"overlong": {"buffer_tokens": 9}}, "rollout": {"sampling": {"max_tokens": 8}}}
+        )
