@@ -128,6 +128,13 @@ def test_the_math_reward_scores_dataset_rows(tmp_path: Path) -> None:
         ("5", "no answer here", 0.0),
         ("5", "\\boxed{}", 0.0),
         ("", "", 0.0),
+        # math-verify's symbolic equivalence, for what the rules above do not settle
+        ("\\frac{\\sqrt{2}}{2}", "\\boxed{\\frac{1}{\\sqrt{2}}}", 1.0),
+        ("\\frac{\\pi}{2}", "\\boxed{\\pi/2}", 1.0),
+        ("\\{1, 2\\}", "\\boxed{\\{2, 1\\}}", 1.0),
+        ("\\frac{\\pi}{3}", "\\boxed{\\pi/2}", 0.0),
+        ("9^{9^{9}}", "\\boxed{9^{9^{9}}}", 1.0),  # equal as text; a power never reaches sympy
+        ("9^{9^{9}}", "\\boxed{9^{729}}", 0.0),  # ... which would compute it for ever
     ],
 )
 def test_math_answers(reference: str, completion: str, score: float) -> None:

@@ -6,13 +6,21 @@ as MATH-style solutions do), the text after the last ``####`` (GSM8K), else the 
 the text. Two answers are equivalent when both read as numbers (``1,000``, ``$5``, ``0.5``,
 ``1/2``, ``50%`` is not a number here) that are equal within 1e-6 relative, else when their
 normalised strings (whitespace, ``$``, a trailing period and ``\\text{}``/``\\left``/``\\right``
-dropped) are equal. Pure Python; never raises on any input.
+dropped) are equal, else when math-verify (Hugging Face's symbolic checker, on sympy) finds
+them equal: ``\\frac{\\sqrt{2}}{2}`` and ``\\frac{1}{\\sqrt{2}}``, ``\\pi/2`` and ``\\frac{\\pi}{2}``,
+sets in any order. It runs in-process with its signal timeouts
+off (they only work in a main thread), so it is given only what it decides quickly: both
+answers at most 200 characters, no power, factorial or run of over 30 digits (``9^{9^{9}}``
+would hold the scorer for ever). Never raises on any input.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from fractions import Fraction
+from functools import cache
+from typing import Any
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _LATEX_FRAC = re.compile(r"^\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}$")
@@ -77,7 +85,37 @@ def equivalent(reference: str, answer: str) -> bool:
     a, b = _as_number(reference), _as_number(answer)
     if a is not None and b is not None:
         return a == b or abs(a - b) <= Fraction(1, 10**6) * max(abs(a), abs(b))
-    return _normalise(reference) == _normalise(answer) != ""
+    return _normalise(reference) == _normalise(answer) != "" or _symbolic(reference, answer)
+
+
+_SLOW = re.compile(r"\^|\*\*|!|\d{31}")  # what could make sympy compute for ever: powers, factorials, huge numbers
+
+
+@cache
+def _math_verify() -> Any:
+    """math-verify's (parse, verify), or None when it is not installed (then only the rules above apply)."""
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        return None
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled", once per call
+    return parse, verify
+
+
+def _symbolic(reference: str, answer: str) -> bool:
+    """math-verify's equivalence of two short answers (see the module doc); False when unsure."""
+    mv = _math_verify()
+    if mv is None or not reference or not answer or len(reference) > 200 or len(answer) > 200:
+        return False
+    if _SLOW.search(reference) or _SLOW.search(answer):
+        return False
+    parse, verify = mv
+    try:
+        gold = parse(f"${reference}$", parsing_timeout=None)
+        got = parse(f"${answer}$", parsing_timeout=None)
+        return bool(gold) and bool(got) and bool(verify(gold, got, timeout_seconds=None))
+    except Exception:  # noqa: BLE001 - an answer it cannot read is not equivalent
+        return False
 
 
 def math_reward(answer: str, completion: str) -> float:
