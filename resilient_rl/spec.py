@@ -132,6 +132,13 @@ class ColumnsSpec(_Section):
     answer: str = Field(
         "answer", min_length=1, max_length=256, description="The column of the reference answer (text or a number)."
     )
+    messages: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="A column of chat messages ([{role, content}, ...]) to use instead of prompt: rendered "
+        "through the model tokenizer's chat template, with the assistant's generation prompt.",
+    )
 
 
 REWARD_BACKOFF_MAX_S = 5.0  # the longest wait between two tries of a reward server
@@ -210,6 +217,11 @@ class TaskSpec(_Section):
         why="a prompt that long fills no context window",
         description="dataset: rows whose prompt is longer are left out (quarantined with the reason).",
     )
+    chat_template: bool = Field(
+        False,
+        description="dataset: render each prompt as one user message through the model tokenizer's chat "
+        "template (with the assistant's generation prompt). See also columns.messages.",
+    )
     reward: Literal["exact", "regex", "function", "partial", "math", "server"] = Field(
         "exact",
         description="jsonl/dataset/arith: exact match, `regex` (answer is a pattern), `function` "
@@ -260,6 +272,8 @@ class TaskSpec(_Section):
                 raise ValueError("reward_fn must be given as module:function when reward is `function`")
         if (self.reward == "server") != (self.reward_server is not None):
             raise ValueError("reward_server is required when reward is `server`, and only then")
+        if (self.chat_template or self.columns.messages) and self.kind != "dataset":
+            raise ValueError("task.chat_template and task.columns.messages need kind dataset")
         return self
 
 

@@ -187,11 +187,11 @@ class JobRunner:
         self.ctx.event(Kind.RUNNING, f"{'resuming at step ' + str(k) if k else 'starting'}: "
                      f"{self._want('rollout')} rollout / {self._want('trainer')} trainer workers")  # fmt: skip
         self._ray_init()
-        self.shards = ShardScheduler(self.ctx, self.journal, self.faults, self._task_size(state),
+        model_dir = self._ensure_model()  # first: a chat template's renderer needs its tokenizer
+        self.shards = ShardScheduler(self.ctx, self.journal, self.faults, self._task_size(state, model_dir),
                                      pause=self._pause, paused=lambda: self.paused is not None)  # fmt: skip
         self.shards.on_eval = self._evaluated
         self._evals_done = {int(r["version"]) for r in state.get("evals") or []}
-        model_dir = self._ensure_model()
         k = self._take_over(k, model_dir, was_running)
         snaps = self._loop(SnapshotFlow(self.ctx, self.trainers), k)
         if self._stop.is_set():
@@ -626,19 +626,21 @@ class JobRunner:
 
     # -- helpers -------------------------------------------------------------
 
-    def _task_size(self, state: dict[str, Any]) -> int:
+    def _task_size(self, state: dict[str, Any], model_dir: str) -> int:
         """The number of prompts of the task: recorded in the job's state the first time, by a
         Ray task (a jsonl or dataset task reads its whole file to know it: never in the leader)."""
         ev = self.spec.eval
         if ev is not None and ev.task is not None and not state.get("eval_task_size"):
             try:  # a held-out task that cannot be read fails the job now, not at its first evaluation
-                size, _ = self.actors.get(self.actors.task(_task_facts, self.spec.to_json(), True), timeout=600)
+                size, _ = self.actors.get(self.actors.task(_task_facts, self.spec.to_json(), model_dir, True),
+                                          timeout=600)  # fmt: skip
             except Exception as e:
                 raise JobFailed(f"eval.task: {describe_error(e)}") from None
             self.ctx.update_state(expect=live, eval_task_size=size)
         if state.get("task_size"):
             return int(state["task_size"])
-        size, quarantined = self.actors.get(self.actors.task(_task_facts, self.spec.to_json()), timeout=600)
+        size, quarantined = self.actors.get(self.actors.task(_task_facts, self.spec.to_json(), model_dir),
+                                            timeout=600)  # fmt: skip
         self.ctx.update_state(expect=live, task_size=size, task_quarantined=quarantined)
         if quarantined:
             self.ctx.event(Kind.TASK_ROWS_QUARANTINED, f"{quarantined} row(s) of the task's file were skipped "
@@ -719,17 +721,18 @@ def _strategy_refusal(spec: JobSpec, strategy: Any) -> str | None:
     return None
 
 
-def _task_facts(spec_json: str, evaluation: bool = False) -> tuple[int, int]:
+def _task_facts(spec_json: str, model_dir: str, evaluation: bool = False) -> tuple[int, int]:
     """(prompts, quarantined rows) of the job's task (or its eval task), built where it runs: in
-    a Ray worker."""
+    a Ray worker (with the model's tokenizer when prompts go through its chat template, so a
+    tokenizer without one fails the job at its start)."""
     from ..algo.tasks import make_task
 
     spec = JobSpec.model_validate_json(spec_json)
     if evaluation:
         assert spec.eval is not None and spec.eval.task is not None
-        task = make_task(spec.eval.task, eval_task_seed(spec.seed))
+        task = make_task(spec.eval.task, eval_task_seed(spec.seed), model_dir)
     else:
-        task = make_task(spec.task, spec.seed)
+        task = make_task(spec.task, spec.seed, model_dir)
     return len(task), len(task.quarantined)
 
 

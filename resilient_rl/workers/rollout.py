@@ -61,8 +61,8 @@ class RolloutWorker:
         self.log = capture(workdir, f"rollout-{index}" if spare is None else f"rollout-spare-{spare}")
         torch.set_num_threads(max(1, int(os.environ.get("RRL_WORKER_THREADS", "1"))))
         self.spec = JobSpec.model_validate_json(spec_json)
-        self.job, self.index = job, index
-        self.task = make_task(self.spec.task, self.spec.seed)
+        self.job, self.index, self.model_dir = job, index, model_dir
+        self.task = make_task(self.spec.task, self.spec.seed, model_dir)
         t = self.spec.task
         # user code runs in killable processes (its own deadline); built-in scorers in-process
         self.rewards = _reward_pool(t)
@@ -226,7 +226,7 @@ class RolloutWorker:
         if self._eval is None:  # built on first use: a held-out dataset is read once per worker
             et = ev.task or self.spec.task
             seed = eval_task_seed(self.spec.seed) if ev.task else self.spec.seed
-            self._eval = (make_task(et, seed), _reward_pool(et) if ev.task else self.rewards)
+            self._eval = (make_task(et, seed, self.model_dir), _reward_pool(et) if ev.task else self.rewards)
         task, pool = self._eval
         t0 = self._progress_at = time.monotonic()
         before = self.member.info.get("status")

@@ -146,3 +146,59 @@ def test_math_extraction_order_and_equivalence() -> None:
     assert extract_answer("12 then\n#### 42\nextra 9") == "42"
     assert extract_answer("no number", last_number=True) is None
     assert equivalent("0.333", "1/3") is False and equivalent("0.3333333", "1/3") is True  # 1e-6 relative
+
+
+TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }};{% endfor %}"
+            "{% if add_generation_prompt %}a:{% endif %}")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model with a chat template in its tokenizer_config.json (the real Qwen2 tokenizer
+    class; the template's text is characters of its vocabulary)."""
+    from resilient_rl.algo.tasks import VOCAB_CHARS
+    from resilient_rl.workers.model_init import make_tiny_model
+
+    spec = parse_spec({"name": "chat", "model": {"init": {}}})
+    assert spec.model.init is not None
+    out = make_tiny_model(tmp_path_factory.mktemp("chat") / "model", spec.model.init, VOCAB_CHARS)
+    cfg = json.loads((Path(out) / "tokenizer_config.json").read_text())
+    (Path(out) / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": TEMPLATE}))
+    return str(out)
+
+
+def test_chat_messages_and_plain_prompts_go_through_the_tokenizers_chat_template(
+    tmp_path: Path, chat_model: str
+) -> None:
+    rows = [
+        {"messages": [{"role": "system", "content": "add"}, {"role": "user", "content": "1+2"}], "answer": "3"},
+        {"messages": [{"role": "robot", "content": "x"}], "answer": "1"},  # quarantined: not a role
+        {"messages": [], "answer": "1"},  # quarantined: no message
+        {"messages": [{"role": "user", "content": "4+4"}], "answer": "8"},
+    ]
+    datasets.Dataset.from_list(rows).to_parquet(str(path := tmp_path / "chat.parquet"))
+    spec = TaskSpec(kind="dataset", path=str(path), columns={"messages": "messages"}, max_prompt_chars=6)
+    task = make_task(spec, seed=0, model_dir=chat_model)
+    assert [task.example(i).prompt for i in range(len(task))] == ["s:add;u:1+2;a:", "u:4+4;a:"]
+    assert [q.line for q in task.quarantined] == [2, 3] and "item 0" in task.quarantined[0].reason
+    # the leader counts without rendering (no tokenizer there): the same rows, the same filter
+    unrendered = make_task(spec, seed=0)
+    assert len(unrendered) == 2 and [q.line for q in unrendered.quarantined] == [2, 3]
+    plain = tmp_path / "plain.parquet"
+    datasets.Dataset.from_list([{"prompt": "2+2", "answer": "4"}]).to_parquet(str(plain))
+    task = make_task(TaskSpec(kind="dataset", path=str(plain), chat_template=True), seed=0, model_dir=chat_model)
+    assert task.example(0).prompt == "u:2+2;a:"
+
+
+def test_a_tokenizer_without_a_chat_template_is_named(tmp_path: Path) -> None:
+    from resilient_rl.algo.tasks import VOCAB_CHARS
+    from resilient_rl.workers.model_init import make_tiny_model
+
+    spec = parse_spec({"name": "chat", "model": {"init": {}}})
+    assert spec.model.init is not None
+    model = make_tiny_model(tmp_path / "model", spec.model.init, VOCAB_CHARS)
+    datasets.Dataset.from_list([{"prompt": "2+2", "answer": "4"}]).to_parquet(str(path := tmp_path / "p.parquet"))
+    with pytest.raises(TaskError, match="has no chat template"):
+        make_task(TaskSpec(kind="dataset", path=str(path), chat_template=True), seed=0, model_dir=str(model))
+    with pytest.raises(ValueError, match="need kind dataset"):
+        TaskSpec(kind="jsonl", path="x.jsonl", chat_template=True)

@@ -11,7 +11,7 @@ import logging
 
 from resilient_rl.algo.tasks.base import VOCAB_CHARS, Example, QuarantinedRow, RewardResult, Task, TaskError
 from resilient_rl.algo.tasks.builtin import ArithTask, CopyTask, ReverseTask
-from resilient_rl.algo.tasks.dataset import DatasetTask
+from resilient_rl.algo.tasks.dataset import DatasetTask, chat_renderer
 from resilient_rl.algo.tasks.jsonl import JsonlTask
 from resilient_rl.algo.tasks.reward_server import ServerScorer
 from resilient_rl.algo.tasks.rewards import load_reward_fn
@@ -45,8 +45,11 @@ _REWARDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def make_task(spec: TaskSpec, seed: int) -> Task:
+def make_task(spec: TaskSpec, seed: int, model_dir: str | None = None) -> Task:
     """Build the task described by ``spec``; ``seed`` is the job seed (it fixes built-in prompt sets).
+    ``model_dir``: where the tokenizer is, for a dataset whose prompts go through its chat
+    template (``task.columns.messages`` / ``task.chat_template``); without it they are counted
+    and filtered alike but not rendered (the leader's size count).
 
     Raises :class:`TaskError` (a ``ValueError``) naming the file or spec field when the reward does not apply
     to the kind, the jsonl file is missing / unreadable / has no valid row, or ``reward_fn`` cannot be imported.
@@ -75,7 +78,10 @@ def make_task(spec: TaskSpec, seed: int) -> Task:
         rs, reward = spec.reward_server, "function"
         fn = ServerScorer(rs.url, rs.timeout_s, rs.retries).one
     if spec.kind == "dataset":
+        chat = spec.columns.messages is not None or spec.chat_template
         return DatasetTask(spec.path, split=spec.split, prompt_column=spec.columns.prompt,
                            answer_column=spec.columns.answer, reward=reward, reward_fn=fn,
-                           max_prompt_chars=spec.max_prompt_chars)  # fmt: skip
+                           max_prompt_chars=spec.max_prompt_chars, messages_column=spec.columns.messages,
+                           chat_template=spec.chat_template,
+                           render=chat_renderer(model_dir) if chat and model_dir else None)  # fmt: skip
     return JsonlTask(spec.path, reward=reward, reward_fn=fn)  # type: ignore[arg-type]

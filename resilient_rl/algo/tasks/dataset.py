@@ -12,9 +12,11 @@ left (a :class:`TaskError` naming the file).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,28 +81,73 @@ def _text(value: Any, what: str) -> str:
     return text
 
 
+Render = Callable[[list[dict[str, str]]], str]  # chat messages -> the prompt text (a tokenizer's chat template)
+
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def _messages(value: Any, column: str) -> list[dict[str, str]]:
+    """A cell of chat messages (``[{role, content}, ...]``), or ValueError with the reason."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"messages ({column}) must be a non-empty list of {{role, content}}")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
+            raise ValueError(f"messages ({column}) item {i}: want {{role: {'|'.join(sorted(_ROLES))}, "
+                             "content: text}")  # fmt: skip
+        out.append({"role": m["role"], "content": _text(m["content"], f"messages ({column}) item {i} content")})
+    return out
+
+
+def chat_renderer(model_dir: str) -> Render:
+    """The chat template of the tokenizer in ``model_dir``, with the assistant's generation prompt;
+    a TaskError when the tokenizer has none."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if not getattr(tok, "chat_template", None):
+        raise TaskError(f"task.columns.messages / task.chat_template: the tokenizer of {model_dir} has no chat "
+                        "template (set one in its tokenizer_config.json)")  # fmt: skip
+
+    def render(messages: list[dict[str, str]]) -> str:
+        return str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    return render
+
+
 class DatasetTask(RowTask):
     """The valid rows of a local dataset (see module doc); ``index`` counts valid rows only.
     Scored as :class:`RowTask` says."""
 
     def __init__(self, path: str | Path, *, split: str = "train", prompt_column: str = "prompt",
                  answer_column: str = "answer", reward: str = "exact", reward_fn: RewardFn | None = None,
-                 max_prompt_chars: int | None = None) -> None:  # fmt: skip
+                 max_prompt_chars: int | None = None, messages_column: str | None = None,
+                 chat_template: bool = False, render: Render | None = None) -> None:  # fmt: skip
         self.path = Path(path)
         super().__init__(f"dataset:{self.path.name}", reward, reward_fn)  # type: ignore[arg-type]
         ds = _load(self.path, split)
-        for field, col in (("prompt", prompt_column), ("answer", answer_column)):
+        source = ("messages", messages_column) if messages_column else ("prompt", prompt_column)
+        for field, col in (source, ("answer", answer_column)):
             if col not in ds.column_names:
                 raise TaskError(f"task.columns.{field}: no column {col!r} in {self.path} "
                                 f"(its columns: {', '.join(ds.column_names)})")  # fmt: skip
         file = str(self.path)
-        for row, (p, a) in enumerate(zip(ds[prompt_column], ds[answer_column], strict=True), start=1):
+        chat = messages_column is not None or chat_template
+        for row, (p, a) in enumerate(zip(ds[source[1]], ds[answer_column], strict=True), start=1):
             try:
-                prompt, answer = _text(p, f"prompt ({prompt_column})"), _text(a, f"answer ({answer_column})")
-                if not prompt.strip():
+                answer = _text(a, f"answer ({answer_column})")
+                if messages_column is not None:
+                    msgs = _messages(p, messages_column)
+                else:
+                    prompt = _text(p, f"prompt ({prompt_column})")
+                    msgs = [{"role": "user", "content": prompt}]
+                size = sum(len(m["content"]) for m in msgs)  # the same with or without a renderer
+                if not any(m["content"].strip() for m in msgs):
                     raise ValueError("empty prompt")
-                if max_prompt_chars is not None and len(prompt) > max_prompt_chars:
-                    raise ValueError(f"prompt of {len(prompt)} characters, over task.max_prompt_chars "
+                if chat:  # rendered where the tokenizer is (the workers); counted alike where it is not
+                    prompt = render(msgs) if render is not None else json.dumps(msgs)
+                if max_prompt_chars is not None and size > max_prompt_chars:
+                    raise ValueError(f"prompt of {size} characters, over task.max_prompt_chars "
                                      f"({max_prompt_chars})")  # fmt: skip
                 pattern = re.compile(answer) if reward == "regex" else None
             except re.error as e:
