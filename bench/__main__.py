@@ -11,6 +11,7 @@ options). Every section prints its tables and writes ``bench/results/<section>.j
   scale         controller + etcd with 1,000 / 5,000 simulated workers: detection p50/p99, CPU, req/s
   cli           `rrl --help` start-up time
   sharded       DDP vs FSDP2 at world 2, ~105M params: peak memory per rank, step time, publish time
+  lora          full training vs LoRA on one model: snapshot, shadow and weight-sync bytes, step time
 
 `make bench` runs `all` (about two hours on 2 cores); figures go into BENCHMARKS.md by hand.
 """
@@ -30,6 +31,7 @@ SECTIONS = {
     "scale": "bench.controller_scale",
     "cli": "bench.cli_startup",
     "sharded": "bench.sharded",
+    "lora": "bench.lora",
 }
 
 

@@ -49,12 +49,14 @@ class StepCommitter:
         secs: float,
         sketches: list[str | None] | None = None,
         trace: dict[str, Any] | None = None,
+        recovered: int = 0,
     ) -> dict[str, Any]:
         """Record step k's metrics line, then commit k in etcd (fenced; refuses a double apply).
         The commit records each rank's state sketch after the step (``state_sketch``, rank
         order; rank 0's alone when only its result is known): see ``TrainCore.sketch``.
         ``trace``: wall-clock times of the step's hand-offs (``JobRunner._committed``), kept
-        in the line only (``bench overhead`` reads it: where a step's time goes)."""
+        in the line only (``bench overhead`` reads it: where a step's time goes). ``recovered``:
+        how many faults this commit recovers from (0 most steps: a marker series in the loggers)."""
         tokens = sum(x["tokens"] for x in shards.values())
         train = {n: v for n, v in r0.items() if n in TRAIN_STATS and isinstance(v, int | float)}
         metrics = {
@@ -67,6 +69,7 @@ class StepCommitter:
             "reward_errors": sum(x["reward_errors"] for x in shards.values()),
             "versions": sorted({x["version"] for x in shards.values()}),
             "train": train,
+            "faults_recovered": recovered,  # faults this commit is the recovery from (the loggers' marker)
         }
         errors = metrics["reward_errors"]
         self.ctx.check_leader()

@@ -537,7 +537,7 @@ class JobRunner:
         trace = {**(results[0].get("trace") or {}), "sent": train.sent_at, "seen": seen, "handed_off": time.time(),
                  "next_sent": nxt.sent_at if nxt else None}  # fmt: skip
         metrics = self.committer.commit(k, results[0], self.shards.take(k), secs, [r.get("sketch") for r in results],
-                                        trace)  # fmt: skip
+                                        trace, recovered=len(self.faults.open))  # fmt: skip
         if whole:
             snaps.maybe_start(k + 1)
         if resize and k + 1 < self.spec.steps:

@@ -1240,3 +1240,18 @@ def test_a_job_naming_an_extra_that_is_not_installed_fails_naming_it(
     extra = {"peft": "lora"}.get(module, module)
     assert f"{field} needs the {module} package" in reason and f"resilient-rl[{extra}]" in reason, reason
     assert not job.script.generated
+
+
+def test_the_commit_after_a_fault_carries_it_as_a_marker_for_the_loggers(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(kill_rollout_at={(1, 0)}), steps=4, logging={"tensorboard": "tb"})
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    lines = [json.loads(x) for x in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()]
+    marks = {x["step"]: x["faults_recovered"] for x in lines}
+    assert sum(marks.values()) == 1 and marks[0] == 0 and marks[1] == 1, marks  # step 1's commit recovers it
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "work" / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["tensors"]) | set(acc.Tags()["scalars"])
+    assert "rrl/faults_recovered" in tags, tags
