@@ -105,7 +105,10 @@ def test_ray_node_hosting_a_rollout_worker_and_a_trainer_rank_is_removed(
         # rank 0's node: the published weights' first copies are there (the store keeps a copy on its
         # own node: without it every version's buckets died with this node, and the rollout workers'
         # loads failed until their restart budget ran out: a crash loop, seen in CI)
+        # (unless the store is on that node too: then rank 1's, which still holds a rollout worker)
         target = members["trainer/0"]["ray_node"]
+        if target == weights_node:
+            target = members["trainer/1"]["ray_node"]
         assert by_node.get(target) == {"rollout", "trainer"} and target != weights_node, (by_node, weights_node)
         victim = next(n for n in nodes if n.node_id == target)
         c.add_node(**args, num_cpus=3)  # the third node: where the lost workers can go
