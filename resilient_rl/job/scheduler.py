@@ -198,6 +198,12 @@ class ShardScheduler:
         ev = self.ctx.spec.eval
         if ev is None or version <= 0 or version % ev.every or version in done or version in self.evals:
             return
+        if self.evals:  # one evaluation at a time: evals slower than eval.every steps must not pile up
+            self.ctx.event(Kind.EVAL, f"evaluation of policy version {version} skipped: the evaluation of "
+                           f"version {min(self.evals)} is still running (eval.every {ev.every} is shorter "
+                           "than an evaluation takes)", skipped=version)  # fmt: skip
+            done.add(version)  # never queued later: its policy is gone by then
+            return
         n = min(ev.prompts, max(1, self.ctx.spec.rollout.replicas))
         bounds = [round(i * ev.prompts / n) for i in range(n + 1)]
         self.evals[version] = (n, {})

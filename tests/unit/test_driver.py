@@ -1255,3 +1255,13 @@ def test_the_commit_after_a_fault_carries_it_as_a_marker_for_the_loggers(tmp_pat
     acc.Reload()
     tags = set(acc.Tags()["tensors"]) | set(acc.Tags()["scalars"])
     assert "rrl/faults_recovered" in tags, tags
+
+
+def test_an_evaluation_slower_than_eval_every_steps_skips_versions_instead_of_piling_up(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(eval_delay_s=0.4), steps=6, eval={"every": 1, "prompts": 2})
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    done = [e["version"] for e in job.c.state["evals"]]
+    skipped = [e["skipped"] for e in job.events("eval") if "skipped" in e]
+    assert skipped and sorted(done + skipped) == list(range(1, 7)), (done, skipped)  # each version once, either way
+    assert len({v for v, *_ in job.script.evaluated}) == len(done)  # a skipped version was never sent
