@@ -11,9 +11,10 @@ on: no sample is dropped when the batch does not divide), and scales its loss by
 ``world / total`` (``total``: the batch's sequences, or its completion tokens under
 ``algorithm.loss_aggregation: token_mean``) so that the gradient *average* both DDP's
 all-reduce and FSDP's reduce-scatter take equals the gradient of the global mean. Under
-dynamic sampling every rank first keeps the same groups of the batch (``algo/dynamic``). Every rank runs the same
-number of micro-batches, because each FSDP forward and backward is a collective: a rank
-whose slice is shorter runs an empty one (a dummy row whose loss is multiplied by 0).
+dynamic sampling every rank first keeps the same groups of the batch (``algo/dynamic``).
+Every rank runs the same number of micro-batches, because each FSDP forward and backward is
+a collective: a rank whose slice is shorter runs an empty one (a dummy row whose loss is
+multiplied by 0).
 
 FSDP2 follows torchtitan's ``apply_fsdp`` (``fully_shard`` on each transformer block,
 then the root; ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``) and its
@@ -474,8 +475,9 @@ class TrainCore:
         """Forward + backward of one micro-batch (gradients accumulate; they are reduced on
         the last one only). Its summed sequence losses are divided by ``divisor`` (the global
         batch's sequences or tokens, see ``algorithm.loss_aggregation``) and multiplied by the
-        world size (DDP and FSDP average the ranks' gradients). An empty ``part`` runs ``filler`` with its loss times 0: the
-        collectives of a shorter slice stay in step with the other ranks'."""
+        world size (DDP and FSDP average the ranks' gradients). An empty ``part`` runs
+        ``filler`` with its loss times 0: the collectives of a shorter slice stay in step with
+        the other ranks'."""
         empty = not part
         rows = [filler] if empty else part
         bt = {k: v.to(self.device) for k, v in batch_tensors(rows, self.pad).items()}
