@@ -64,6 +64,7 @@ class StepCommitter:
             "reward": r0["reward_mean"],
             "loss": r0["loss"],
             "tokens": tokens,
+            "response_length": round(tokens / max(1, sum(int(x.get("samples") or 0) for x in shards.values())), 2),
             "step_seconds": round(secs, 3),
             "tokens_per_s": round(tokens / secs, 1) if secs > 0 else None,
             "reward_errors": sum(x["reward_errors"] for x in shards.values()),

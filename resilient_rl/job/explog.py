@@ -42,7 +42,8 @@ def scalars(line: dict[str, Any]) -> dict[str, float]:
     """The scalars of one metrics line: its figures, the staleness of its oldest shard, and
     the trainer's statistics (``train``) under ``train/``."""
     out: dict[str, float] = {}
-    for name in ("reward", "loss", "tokens", "step_seconds", "tokens_per_s", "reward_errors", "faults_recovered"):
+    for name in ("reward", "loss", "tokens", "response_length", "step_seconds", "tokens_per_s", "reward_errors",
+                 "faults_recovered"):  # fmt: skip
         v = line.get(name)
         if isinstance(v, int | float) and not isinstance(v, bool):
             out[TAG + name] = float(v)

@@ -1247,6 +1247,7 @@ def test_the_commit_after_a_fault_carries_it_as_a_marker_for_the_loggers(tmp_pat
     job.lead()
     assert job.finish() == "SUCCEEDED"
     lines = [json.loads(x) for x in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()]
+    assert all(x["response_length"] == 2.0 for x in lines)  # the fakes' completions are 2 tokens
     marks = {x["step"]: x["faults_recovered"] for x in lines}
     assert sum(marks.values()) == 1 and marks[0] == 0 and marks[1] == 1, marks  # step 1's commit recovers it
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
