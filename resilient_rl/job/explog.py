@@ -24,7 +24,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,10 @@ class MLflowLog:
         except ImportError:
             raise ImportError(f"logging.mlflow needs the mlflow package: {EXTRAS['mlflow']}") from None
         self._metric = Metric
+        # a server that does not answer costs the step loop each call's wait: bounded unless the
+        # user asked for more (MLflow's own defaults, 120 s and 7 retries with backoff, are minutes)
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         self.client = MlflowClient(tracking_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
         if found is None:
@@ -190,7 +194,7 @@ class WandbLog:
         root.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=spec.project, entity=spec.entity, id=job, name=job, resume="allow",
                               mode=spec.mode, dir=str(workdir), reinit="create_new",
-                              settings=wandb.Settings(silent=True, console="off"))  # fmt: skip
+                              settings=wandb.Settings(silent=True, console="off", init_timeout=30))  # fmt: skip
         self.run.define_metric("rrl/eval/*", step_metric="rrl/eval/version")
         self.logged |= set(range(int(self.run.step or 0)))
         last = self.run.summary.get("rrl/eval/version") if spec.mode == "online" else None
@@ -272,12 +276,34 @@ def _leveldb_records(data: bytes, block: int = 32768) -> Iterator[bytes]:
             part = b""
 
 
+RETRY_S = 60.0  # a logger that failed is left alone this long, then caught up
+
+
+class _Sink:
+    """One logger as the job uses it: the sink (or what builds it, until that succeeds), and
+    when to try it again after a failure (then it is caught up from ``metrics.jsonl`` first)."""
+
+    def __init__(self, name: str, build: Callable[[], Any]) -> None:
+        self.name, self.build = name, build
+        self.sink: Any = None
+        self.retry_at = 0.0
+        self.behind = True  # catch up before the next write (a fresh sink, or one that failed)
+
+    def failed(self, job: str, what: str, e: BaseException) -> None:
+        self.retry_at, self.behind = time.monotonic() + RETRY_S, True
+        log.warning("job %s: %s: %s failed (%s); tried again in %.0f s, then caught up", job, self.name, what, e,
+                    RETRY_S)  # fmt: skip
+
+
 class ExperimentLog:
-    """The job's loggers, opened at the first commit of this leader (see module doc)."""
+    """The job's loggers, opened at the first commit of this leader (see module doc). A logger
+    that cannot be reached (or built) is skipped for a minute at a time, so a tracking server
+    that is down costs the step loop at most one failed call a minute (each bounded by the
+    client's own timeout), and is caught up from ``metrics.jsonl`` once it answers."""
 
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
-        self._sinks: list[Any] = []  # TensorBoardLog, MLflowLog, WandbLog: logged, evals, write, write_eval, close
+        self._sinks: list[_Sink] = []  # TensorBoardLog, MLflowLog, WandbLog: logged, evals, write, write_eval, close
         self._opened = False
 
     def check(self) -> None:
@@ -291,67 +317,96 @@ class ExperimentLog:
                     raise ImportError(f"logging.{name} needs the {module} package: {EXTRAS[name]}") from None
 
     def committed(self, k: int, line: dict[str, Any]) -> None:
-        """Step ``k`` is committed, with metrics ``line``: log it (and, the first time, every
-        committed step the log lacks). Never raises for the log's own failures: a logger is a
-        reader of the job, not part of it; its failure is logged, the step stays committed."""
-        try:
-            if not self._opened:
-                self._open(k)
-            for sink in self._sinks:
+        """Step ``k`` is committed, with metrics ``line``: log it (and first, for a logger just
+        opened or back from a failure, every committed step it lacks). Never raises for the
+        log's own failures: a logger is a reader of the job, not part of it; its failure is
+        logged, the step stays committed."""
+        if not self._opened:
+            self._open()
+        for s in self._ready(k):
+            try:
                 with self.ctx.write_lock:  # as the metrics line: a stopped or deposed runner writes nothing
                     self.ctx.check_leader()
-                    sink.write(line)
-        except NotLeader:
-            raise
-        except Exception as e:  # noqa: BLE001 - see docstring
-            log.warning("job %s: experiment log of step %d failed: %s", self.ctx.job, k, e)
+                    s.sink.write(line)
+            except NotLeader:
+                raise
+            except Exception as e:  # noqa: BLE001 - see docstring
+                s.failed(self.ctx.job, f"the write of step {k}", e)
 
     def evaluated(self, record: dict[str, Any]) -> None:
         """An evaluation is recorded in the job's state: log it (as ``committed``: after the
-        record, never raising for the log's own failures; a new leader back-fills from the state)."""
-        try:
-            if not self._opened:  # no commit of this leader yet (an eval drained at the end, after a take-over)
-                self._open(int(self.ctx.read_state().get("step") or 0))
-            for sink in self._sinks:
+        record, never raising for the log's own failures; caught up from the state's ``evals``)."""
+        if not self._opened:  # no commit of this leader yet (an eval drained at the end, after a take-over)
+            self._open()
+        for s in self._ready(int(self.ctx.read_state().get("step") or 0)):
+            try:
                 with self.ctx.write_lock:
                     self.ctx.check_leader()
-                    sink.write_eval(record)
-        except NotLeader:
-            raise
-        except Exception as e:  # noqa: BLE001 - see committed
-            log.warning("job %s: experiment log of the eval at step %s failed: %s", self.ctx.job, record.get("step"), e)
+                    s.sink.write_eval(record)
+            except NotLeader:
+                raise
+            except Exception as e:  # noqa: BLE001 - see committed
+                s.failed(self.ctx.job, f"the write of the eval at step {record.get('step')}", e)
 
-    def _open(self, k: int) -> None:
-        from controller import steplog
-
+    def _open(self) -> None:
         self._opened = True
-        spec = self.ctx.spec.logging
+        spec, job, workdir = self.ctx.spec.logging, self.ctx.job, self.ctx.workdir
         if spec.tensorboard is not None:
             tb = spec.tensorboard
-            self._sinks.append(TensorBoardLog(Path(tb) if os.path.isabs(tb) else self.ctx.workdir / tb))
+            path = Path(tb) if os.path.isabs(tb) else workdir / tb
+            self._sinks.append(_Sink("tensorboard", lambda: TensorBoardLog(path)))
         if spec.mlflow is not None:
             uri = spec.mlflow.tracking_uri
             if "://" not in uri and not uri.startswith(("file:", "databricks", "sqlite:")):  # a local folder
-                folder = (Path(uri) if os.path.isabs(uri) else self.ctx.workdir / uri).resolve()
+                folder = (Path(uri) if os.path.isabs(uri) else workdir / uri).resolve()
                 folder.mkdir(parents=True, exist_ok=True)
                 uri = f"sqlite:///{folder / 'mlflow.db'}"  # MLflow 3 refuses a bare folder store
-            self._sinks.append(MLflowLog(uri, spec.mlflow.experiment, self.ctx.job))
+            experiment = spec.mlflow.experiment
+            self._sinks.append(_Sink("mlflow", lambda: MLflowLog(uri, experiment, job)))
         if spec.wandb is not None:
-            self._sinks.append(WandbLog(spec.wandb, self.ctx.job, self.ctx.workdir))
-        if not self._sinks:
-            return
-        rows = steplog.read(self.ctx.workdir / "metrics.jsonl", committed=k)
-        evals = self.ctx.read_state().get("evals") or []
-        for sink in self._sinks:  # what a previous leader committed or recorded and the log lacks
-            missing = [r for r in rows if int(r["step"]) not in sink.logged]
-            for row in missing:
-                sink.write(row)
-            for rec in evals:
-                sink.write_eval(rec)
-            if missing:
-                log.info("job %s: %s: wrote %d committed step(s) a previous leader had not", self.ctx.job,
-                         type(sink).__name__, len(missing))  # fmt: skip
+            wb = spec.wandb
+            self._sinks.append(_Sink("wandb", lambda: WandbLog(wb, job, workdir)))
+
+    def _ready(self, committed: int) -> list[_Sink]:
+        """The loggers to write to now: built, not resting after a failure, and caught up with
+        every step before ``committed`` (from ``metrics.jsonl``) and every recorded evaluation."""
+        from controller import steplog
+
+        out = []
+        now = time.monotonic()
+        for s in self._sinks:
+            if now < s.retry_at:
+                continue
+            try:
+                if s.sink is None:
+                    s.sink = s.build()
+                if s.behind:
+                    with self.ctx.write_lock:
+                        self.ctx.check_leader()
+                        rows = steplog.read(self.ctx.workdir / "metrics.jsonl", committed=committed)
+                        missing = [r for r in rows if int(r["step"]) not in s.sink.logged]
+                        for row in missing:
+                            s.sink.write(row)
+                        for rec in self.ctx.read_state().get("evals") or []:
+                            s.sink.write_eval(rec)
+                    s.behind = False
+                    if missing:
+                        log.info("job %s: %s: wrote %d committed step(s) it lacked", self.ctx.job, s.name,
+                                 len(missing))  # fmt: skip
+            except NotLeader:
+                raise
+            except ImportError:  # `check` ran at the start: only a broken install gets here
+                raise
+            except Exception as e:  # noqa: BLE001 - see committed
+                s.failed(self.ctx.job, "opening or catching up" if s.behind else "a write", e)
+                continue
+            out.append(s)
+        return out
 
     def close(self) -> None:
-        for sink in self._sinks:
-            sink.close()
+        for s in self._sinks:
+            if s.sink is not None:
+                try:
+                    s.sink.close()
+                except Exception as e:  # noqa: BLE001 - see committed
+                    log.warning("job %s: %s: close failed: %s", self.ctx.job, s.name, e)

@@ -1079,19 +1079,21 @@ def test_evaluations_run_between_shards_are_recorded_once_per_version_and_never_
     assert job.finish() == "SUCCEEDED"
     assert _digest_of_final_weights(job) == "0,1,2,3,4,5"
     evals = job.c.state["evals"]
-    assert [e["version"] for e in evals] == [2, 4, 6] and job.c.state["eval"] == evals[-1]
+    skipped = [e["skipped"] for e in job.events("eval") if "skipped" in e]  # 4, when 2's redone shard ran late
+    assert sorted([e["version"] for e in evals] + skipped) == [2, 4, 6] and skipped in ([], [4]), (evals, skipped)
+    assert job.c.state["eval"] == evals[-1]
     for e in evals:  # 2 shards of 4 prompts; prompt i passes when (i + version) is odd: half of them
         assert e["prompts"] == 8 and e["k"] == 2 and e["pass_at_k"] == 0.5 and e["reward"] == 0.5, e
         # the policy that made its samples: the version asked, or (a shard redone after the kill) the next
         assert set(e["versions"]) <= {e["version"], e["version"] + 1} and e["step"] == e["version"] - 1
-    assert [e["versions"] for e in evals[1:]] == [[4], [6]]
+    assert all(e["versions"] == [e["version"]] for e in evals[1:])
     asked = [(v, sh) for v, sh, _, _, _ in script.evaluated]
-    assert sorted(set(asked)) == [(2, 0), (2, 1), (4, 0), (4, 1), (6, 0), (6, 1)]
+    assert sorted(set(asked)) == sorted((v, sh) for v in (2, 4, 6) if v not in skipped for sh in (0, 1))
     assert asked.count((2, 0)) == 2  # the killed worker's shard, begun again by another worker
     assert all(asked.count(a) == 1 for a in set(asked) - {(2, 0)})
-    assert [e["version"] for e in job.events("eval")] == [2, 4, 6]
+    assert [e["version"] for e in job.events("eval") if "skipped" not in e] == [e["version"] for e in evals]
     lines = [json.loads(x) for x in (tmp_path / "work" / "eval.jsonl").read_text().splitlines()]
-    assert [x["version"] for x in lines] == [2, 4, 6]
+    assert [x["version"] for x in lines] == [e["version"] for e in evals]
     assert "rollout_fault" in job.kinds()
     journal = Journal(tmp_path / "work" / "journal")
     for k in range(6):
@@ -1266,3 +1268,32 @@ def test_an_evaluation_slower_than_eval_every_steps_skips_versions_instead_of_pi
     skipped = [e["skipped"] for e in job.events("eval") if "skipped" in e]
     assert skipped and sorted(done + skipped) == list(range(1, 7)), (done, skipped)  # each version once, either way
     assert len({v for v, *_ in job.script.evaluated}) == len(done)  # a skipped version was never sent
+
+
+def test_a_logger_that_fails_is_rested_then_caught_up_and_an_unreachable_one_never_stalls_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorBoard's write of step 2 fails (a full disk, say): the logger rests, then, at a
+    later commit, is caught up from metrics.jsonl: every step once. An MLflow server that does
+    not answer (a closed port) costs one failed open per rest and the job goes on."""
+    from resilient_rl.job import explog
+
+    monkeypatch.setattr(explog, "RETRY_S", 0.3)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    real = explog.TensorBoardLog.write
+    failed: list[int] = []
+
+    def flaky(self: Any, line: dict[str, Any]) -> None:
+        if line["step"] == 2 and not failed:
+            failed.append(2)
+            raise OSError("No space left on device")
+        real(self, line)
+
+    monkeypatch.setattr(explog.TensorBoardLog, "write", flaky)
+    job = Job(tmp_path, Script(train_delay_s=0.15), steps=8,
+              logging={"tensorboard": "tb", "mlflow": {"tracking_uri": "http://127.0.0.1:9"}})  # fmt: skip
+    job.lead()
+    assert job.finish(timeout=60) == "SUCCEEDED"
+    assert failed == [2]
+    assert _tb_steps(tmp_path / "work" / "tb") == Counter({s: 1 for s in range(8)})
