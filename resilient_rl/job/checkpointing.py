@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 
 
 class SnapshotFlow:
-    """At most one snapshot in flight for one job; polled by the step loop."""
+    """At most one snapshot in flight for one job; polled by the step loop. Every wait on the
+    ranks here (the staging, the manifest write, a blocking poll) serves the rollout group
+    meanwhile (``TrainerGroup.pump``): a rank slow to stage does not pause the rollouts."""
 
     def __init__(self, ctx: JobContext, trainers: Any) -> None:
         self.ctx = ctx
@@ -54,10 +56,12 @@ class SnapshotFlow:
         A = self.actors
         if not self.due(step):
             return
+        calls = [A.call(t, "snapshot", str(self.root), self.ctx.token) for t in self.group.ranks]
+        # a deadline: a frozen rank must not hold the step loop here (the loop's hang check catches it);
+        # the rollouts are served meanwhile (what that raises is the step loop's, not the snapshot's)
+        self.group.wait_all(calls, timeout=self.deadline_s())
         try:
-            # a deadline: a frozen rank must not hold the step loop here (the loop's hang check catches it)
-            started = A.get([A.call(t, "snapshot", str(self.root), self.ctx.token) for t in self.group.ranks],
-                            timeout=self.deadline_s())  # fmt: skip
+            started = A.get(calls, timeout=0)
         except Exception as e:  # a rank died or hangs while staging: no snapshot; the step loop sees it next
             self.ctx.event(Kind.SNAPSHOT_FAILED, f"snapshot at step {step} failed while staging: "
                            f"{type(worker_cause(e)).__name__}", step=step)  # fmt: skip
@@ -75,8 +79,9 @@ class SnapshotFlow:
         A = self.actors
         if not self.waits:
             return
-        _, pending = A.wait(self.waits, num_returns=len(self.waits), timeout=None if block else 0)
-        if pending:
+        if block:
+            self.group.wait_all(self.waits)
+        elif A.wait(self.waits, num_returns=len(self.waits), timeout=0)[1]:
             return
         waits, step = self.waits, self.step
         self.waits, self.step = [], None
@@ -86,11 +91,15 @@ class SnapshotFlow:
         try:
             results = A.get(waits, timeout=0)
             errors = [x["error"] for x in results if not x["ok"]]
-            if not errors:
-                info = A.get(A.call(self.group.ranks[0], "commit_snapshot", str(self.root), step, meta),
-                             timeout=self.deadline_s())  # fmt: skip
-        except Exception as e:  # a rank died or the manifest write failed: this snapshot never commits
+        except Exception as e:  # a rank died: this snapshot never commits
             errors = [f"{type(worker_cause(e)).__name__}: {str(worker_cause(e))[:300]}"]
+        if not errors:
+            call = A.call(self.group.ranks[0], "commit_snapshot", str(self.root), step, meta)
+            self.group.wait_all([call], timeout=self.deadline_s())  # serving the rollouts (outside the try)
+            try:
+                info = A.get(call, timeout=0)
+            except Exception as e:  # the manifest write failed or ran past its deadline
+                errors = [f"{type(worker_cause(e)).__name__}: {str(worker_cause(e))[:300]}"]
         if errors:
             self.ctx.event(Kind.SNAPSHOT_FAILED, f"snapshot at step {step} failed: {errors[0]}", step=step)
             self._collect()

@@ -481,6 +481,20 @@ class TrainerGroup:
             A.wait([*pending, *served], num_returns=1, timeout=0.2 if left is None else min(0.2, left))
             served = self.pump()
 
+    def wait_all(self, refs: list[Any], timeout: float | None = None) -> bool:
+        """Wait until every call of ``refs`` has ended (failed or not: nothing is raised), serving
+        :attr:`pump` meanwhile as :meth:`_get` does; False if ``timeout`` passed first."""
+        A = self.actors
+        end = None if timeout is None else time.monotonic() + timeout
+        served: list[Any] = self.pump()
+        while True:
+            _, pending = A.wait(refs, num_returns=len(refs), timeout=0)
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if not pending or left == 0.0:
+                return not pending
+            A.wait([*pending, *served], num_returns=1, timeout=0.2 if left is None else min(0.2, left))
+            served = self.pump()
+
     def _wait(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:

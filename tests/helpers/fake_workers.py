@@ -52,6 +52,7 @@ class Script:
     # (step, shard) -> seconds: its worker takes that long, calling on_progress(worker, step, shard) every 0.1 s
     slow_rollout_at: dict[tuple[int, int], float] = field(default_factory=dict)
     snapshot_delay_s: dict[int, float] = field(default_factory=dict)  # step -> seconds its snapshot's staging takes
+    staging: list[tuple[int, float, float]] = field(default_factory=list)  # (step, start, end) monotonic, per rank
     on_progress: Any = None
     reward: Any = None  # (step, round, prompt_index, sample) -> a sample's reward; None: its policy version / 10
     # (step, shard, round, prompts) of every shard begun
@@ -439,7 +440,10 @@ class FakeTrainer:
 
     def snapshot(self, root: str, token: int) -> dict[str, Any]:
         check_fence(self.fence, token, "snapshot")
+        t0 = time.monotonic()
         time.sleep(self._script.snapshot_delay_s.get(self.step, 0.0))  # a rank slow to stage (frozen, starved)
+        with self._script.lock:
+            self._script.staging.append((self.step, t0, time.monotonic()))
         d = snapshot_dir(Path(root), self.step)
         d.mkdir(parents=True, exist_ok=True)
         (d / f"rank{self.rank}.json").write_text(json.dumps({"step": self.step, "applied": self.applied}))

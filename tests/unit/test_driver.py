@@ -1297,3 +1297,21 @@ def test_a_logger_that_fails_is_rested_then_caught_up_and_an_unreachable_one_nev
     assert job.finish(timeout=60) == "SUCCEEDED"
     assert failed == [2]
     assert _tb_steps(tmp_path / "work" / "tb") == Counter({s: 1 for s in range(8)})
+
+
+def test_rollouts_keep_going_while_a_rank_is_slow_to_stage_a_snapshot(tmp_path: Path) -> None:
+    """The staging of step 2's snapshot takes 1.5 s (a starved or briefly frozen rank). With
+    max_staleness 1, later shards wait in the queue behind step 2's: they are sent and journaled
+    while the runner waits on the staging (it serves the rollout group, as its trainer waits do),
+    not after it."""
+    script = Script(snapshot_delay_s={2: 1.5}, shard_delay_s=0.05)
+    job = Job(tmp_path, script, steps=5, checkpoint={"every": 2}, rollout={"replicas": 1, "shards_per_step": 2},
+              **{"async": {"max_staleness": 1}})  # fmt: skip
+    job.lead()
+    assert job.finish() == "SUCCEEDED" and _digest_of_final_weights(job) == "0,1,2,3,4"
+    spans = [(a, b) for step, a, b in script.staging if step == 2]  # both ranks stage at once
+    t0, t1 = max(a for a, _ in spans), min(b for _, b in spans)
+    # one worker, two shards a step: the second waits in the queue until the first is taken in
+    inside = [(s, sh) for s, sh, _serial, _v, t in script.shards_by if t0 < t < t1]
+    assert len(inside) >= 2, (t0, t1, script.shards_by)
+    assert [e["step"] for e in job.events("snapshot")] == [2, 4]
