@@ -255,7 +255,9 @@ class JobRunner:
         """The step loop: plan, dispatch, wait, take in what is ready, commit."""
         shards, rollouts = self.shards, self.rollouts
         shards.start_at(k)
-        shards.queue_eval(self.version, self._evals_done)  # due and not recorded (a previous leader's)
+        if (ev := self.spec.eval) is not None:  # the newest due version a previous leader did not record
+            # (its policy may be gone: evaluated on the current one, the record's ``versions`` says which)
+            shards.queue_eval(self.version - self.version % ev.every, self._evals_done)
         self.trainers.pump = self._serve_rollouts  # from here on a trainer recovery keeps the rollouts going
         train: Training | None = None
         t_step = self._last_pass = time.monotonic()

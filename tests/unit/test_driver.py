@@ -1120,6 +1120,27 @@ def test_a_new_leader_evaluates_the_current_version_if_its_eval_was_lost(tmp_pat
     assert job.events("adopted")  # the second leader took the workers over
 
 
+def test_a_new_leader_evaluates_a_due_version_whose_eval_was_lost_after_the_policy_moved_on(tmp_path: Path) -> None:
+    """The first leader is stopped with the eval of version 2 in flight and step 2 committed
+    (version 3 current; step 3's shards are slow). The next leader starts at version 3, which is
+    not due, and still evaluates version 2, on the policy it has: recorded once, its ``versions``
+    saying which policy answered. Found in a clean-clone CI run: a leader SIGKILLed there lost
+    the eval of version 3."""
+    script = Script(slow_rollout_at={(3, 0): 2.0, (3, 1): 2.0}, eval_delay_s=1.5)
+    job = Job(tmp_path, script, steps=6, eval={"every": 2, "prompts": 3}, rollout={"replicas": 3, "shards_per_step": 2})
+    first = job.lead()
+    job.wait(lambda: int(job.c.state.get("step") or 0) >= 3 and any(v == 2 for v, *_ in script.evaluated))
+    job.c.leads = False
+    first.stop(final=False)
+    assert int(job.c.state["step"]) == 3 and not job.c.state.get("evals")  # moved on, eval 2 not recorded
+    script.eval_delay_s = 0.0  # from here evaluations keep up with eval.every: none is skipped
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    evals = job.c.state["evals"]
+    assert [e["version"] for e in evals] == [2, 4, 6], [e["message"] for e in job.events("eval")]
+    assert 3 in evals[0]["versions"] or evals[0]["versions"] == [2]  # the policy the new leader's workers had
+
+
 def test_a_held_out_task_that_cannot_be_read_fails_the_job_at_its_start_naming_eval_task(tmp_path: Path) -> None:
     job = Job(tmp_path, steps=2, eval={"every": 1, "task": {"kind": "jsonl", "path": str(tmp_path / "missing.jsonl")}})
     job.lead()
