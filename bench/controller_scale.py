@@ -25,8 +25,8 @@ What runs, per measured run (a fresh etcd, controller and simulators each time):
   all of a process's keep-alives multiplexed on one ``LeaseKeepAlive`` stream, and a progress
   put every ``--progress-every`` s (default 5 s: a rollout worker writes ``busy`` at the start and
   ``idle`` at the end of every shard, so one put per 5 s is a 10 s shard). Phases are staggered
-  uniformly. Differs from the product in one way: ``Store.lease_refresh`` opens a NEW
-  LeaseKeepAlive stream for every refresh; the simulator multiplexes, which is cheaper for etcd.
+  uniformly. The product's ``Store`` multiplexes its leases' keep-alives on one stream as well
+  (it opened a stream per refresh until 2026-12-03).
 * **the kill**: 1 % of the workers (random, seeded) stop keep-aliving and writing at once; each
   simulator records the wall time it stopped them. Detection latency = the wall time the
   controller's ``on_leave`` fired - that kill time (lower bound TTL - TTL/3, upper bound TTL plus
@@ -791,18 +791,16 @@ def _extrapolate(
         "Which runs out first (same linear model): the controller reaches one core (its Python work is "
         f"GIL-bound) at ~{n_ctl:,.0f} workers; etcd needs all {cores} cores of this machine at ~{n_etcd_here:,.0f} "
         f"workers and 16 dedicated cores at ~{n_etcd_16:,.0f}. So **{first}** gives out first. Beyond CPU, etcd is "
-        "one raft log: every progress put is a proposal, applied serially, and every keep-alive of the product "
-        "(`Store.lease_refresh`) opens a new gRPC stream (the simulator multiplexes, so that stream set-up cost "
-        "is NOT in these figures); at 100,000 workers that is "
-        f"{ka_rate:,.0f} stream set-ups/s on top of {put_rate:,.0f} proposals/s.",
+        "one raft log: every progress put is a proposal, applied serially, and every keep-alive is a "
+        "message on a long-lived stream (the product's `Store` and the simulator both multiplex); at 100,000 "
+        f"workers that is {ka_rate:,.0f} keep-alives/s on top of {put_rate:,.0f} proposals/s.",
         "",
         "What the design would change, in order of effect:",
         "",
         "0. (Done in 2f37a03, after the first run of this benchmark showed it at 43-52 % of the controller's "
         "samples at 1,000 workers.) The reconcile loop no longer reads members: `jobs.list_all(detail=False)` "
         "reads one key per job to find the ids and a txn of spec/desired/state per job.",
-        "1. One long-lived keep-alive stream per process in `Store` (today `lease_refresh` opens a stream per "
-        "refresh).",
+        "1. (Done 2026-12-03.) One long-lived keep-alive stream per process in `Store`.",
         "2. One lease per node, not per worker: a node agent (or the Ray raylet's process) holds one lease "
         "for all workers on the node (8 GPUs -> 8 workers), keep-alives drop 8x "
         f"({ka_rate:,.0f} -> {ka_rate / 8:,.0f}/s), and it uses one long-lived stream.",

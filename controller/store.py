@@ -11,7 +11,9 @@ lease keep-alive is left to the caller. This adapter owns all three:
 * ``txn`` is never retried blindly: an ambiguous failure raises
   :class:`EtcdUnavailable` and the caller re-reads and compares;
 * :class:`KeptLease` refreshes its lease at TTL/3 in a background thread and
-  knows until when it is certainly still valid;
+  knows until when it is certainly still valid; every lease of a ``Store`` is
+  refreshed over one long-lived ``LeaseKeepAlive`` stream (not a stream per
+  keep-alive), re-opened when it breaks;
 * :meth:`Store.watch_prefix` survives disconnects and etcd restarts by resuming
   from the last delivered revision + 1, and on compaction re-lists the prefix and
   emits the difference, so a consumer never misses or double-sees an event.
@@ -21,10 +23,12 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,6 +157,82 @@ _TLS_WORDS = ("ssl", "tls", "tsi_", "handshake", "certificate", "unwrap failed",
 _STALE_TOKEN = ("invalid auth token", "revision of auth store is old", "auth token")
 
 
+class _Answer:
+    """One keep-alive request's answer: its TTL, or the error that ended its stream."""
+
+    __slots__ = ("error", "event", "ttl")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.ttl = 0
+        self.error: BaseException | None = None
+
+
+class _KeepAliveStream:
+    """A ``LeaseKeepAlive`` stream shared by every lease a :class:`Store` refreshes.
+
+    Requests go in through a queue; etcd answers each stream's requests in order, so the
+    answers for one lease ID are matched first in, first out. When the stream ends (an error,
+    a cancel, etcd gone) every request still waiting fails with the reason and the stream is
+    not used again. A request that gets no answer within the store's timeout cancels the
+    stream: a late answer can then never be taken for a later request's (whose ``valid_until``
+    would start from the wrong send time, trusting the lease longer than etcd does)."""
+
+    def __init__(self, channel: grpc.Channel, md: tuple[tuple[str, str], ...] | None) -> None:
+        self.channel, self.md = channel, md
+        self.requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting: dict[int, deque[_Answer]] = {}
+        self.dead: BaseException | None = None
+
+        def feed() -> Iterator[Any]:
+            while (item := self.requests.get()) is not None:
+                yield item
+
+        self.call = etcdrpc.LeaseStub(channel).LeaseKeepAlive(feed(), metadata=md)
+        # grpc may leave a stream's iterator waiting after the call ended (seen with watches): its
+        # end is also taken from the call itself
+        self.call.add_done_callback(lambda _c: self.fail(EtcdUnavailable("etcd LeaseKeepAlive: the stream ended")))
+
+    def usable(self) -> bool:
+        return self.dead is None and not self.call.done()
+
+    def ask(self, lease_id: int) -> _Answer:
+        a = _Answer()
+        with self._lock:
+            if self.dead is not None:
+                raise self.dead
+            self._waiting.setdefault(lease_id, deque()).append(a)
+        self.requests.put(etcdrpc.LeaseKeepAliveRequest(ID=lease_id))
+        return a
+
+    def answer(self, lease_id: int, ttl: int) -> None:
+        with self._lock:
+            waiting = self._waiting.get(lease_id)
+            a = waiting.popleft() if waiting else None
+            if waiting is not None and not waiting:
+                del self._waiting[lease_id]
+        if a is not None:
+            a.ttl = ttl
+            a.event.set()
+
+    def fail(self, error: BaseException) -> None:
+        """The stream is over: fail everything still waiting (the first reason given wins)."""
+        with self._lock:
+            if self.dead is None:
+                self.dead = error
+            pending = [a for w in self._waiting.values() for a in w]
+            self._waiting.clear()
+        for a in pending:
+            a.error = self.dead
+            a.event.set()
+        self.requests.put(None)  # ends the request feed
+
+    def cancel(self, error: BaseException) -> None:
+        self.fail(error)
+        self.call.cancel()
+
+
 def _env(value: str | None, name: str) -> str | None:
     if value is None:
         value = os.environ.get(name)
@@ -249,6 +329,9 @@ class Store:
         self._retired: list[tuple[float, grpc.Channel]] = []
         self._metadata: tuple[tuple[str, str], ...] | None = None
         self._closed = False
+        self._keepalive: _KeepAliveStream | None = None  # every lease's refreshes (see lease_refresh)
+        self._keepalive_lock = threading.Lock()
+        self.keepalive_streams = 0  # how many LeaseKeepAlive streams this store opened (tests, benchmarks)
 
     def __repr__(self) -> str:
         who = f", user={self._user!r}, password=***" if self._user is not None else ""
@@ -401,6 +484,10 @@ class Store:
         self._retired = keep
 
     def close(self) -> None:
+        with self._keepalive_lock:
+            if self._keepalive is not None:
+                self._keepalive.cancel(EtcdError("store is closed"))
+                self._keepalive = None
         with self._lock:
             self._closed = True
             self._close_retired_locked(grace=0.0)
@@ -561,25 +648,56 @@ class Store:
                 raise
 
     def lease_refresh(self, lease_id: int) -> int:
-        """One keep-alive; returns the remaining TTL, 0 if the lease is gone. Not retried."""
-        channel, md = self._stubs()
-        stub = etcdrpc.LeaseStub(channel)
+        """One keep-alive; returns the remaining TTL, 0 if the lease is gone. Not retried.
+
+        Sent on the store's one ``LeaseKeepAlive`` stream (opened on first use and again after
+        it breaks), so a process holding many leases keeps one stream, not one per refresh.
+        Raises :class:`EtcdUnavailable` when the stream breaks or no answer comes within the
+        store's timeout (the stream is then cancelled; the next refresh opens a new one)."""
+        stream = self._keepalive_stream()
+        answer = stream.ask(lease_id)
+        if not answer.event.wait(self.timeout):
+            stream.cancel(EtcdUnavailable(f"etcd LeaseKeepAlive: no answer within {self.timeout:g}s"))
+        if answer.error is not None:
+            raise answer.error
+        return answer.ttl
+
+    def _keepalive_stream(self) -> _KeepAliveStream:
+        """The usable keep-alive stream, opened (with its reader thread) if there is none."""
+        with self._keepalive_lock:
+            stream = self._keepalive
+            if stream is not None and stream.usable():
+                return stream
+            channel, md = self._stubs()
+            try:
+                stream = _KeepAliveStream(channel, md)
+            except ValueError as e:
+                if not closed_under_us(e):
+                    raise
+                raise EtcdUnavailable("etcd LeaseKeepAlive: the connection was closed by a reconnect") from e
+            self._keepalive = stream
+            self.keepalive_streams += 1
+        threading.Thread(target=self._read_keepalive, args=(stream,), name="etcd-keepalive", daemon=True).start()
+        return stream
+
+    def _read_keepalive(self, stream: _KeepAliveStream) -> None:
+        """The reader of one keep-alive stream: answers matched to their requests, then its end."""
+        error: BaseException
         try:
-            for resp in stub.LeaseKeepAlive(
-                iter([etcdrpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=self.timeout, metadata=md
-            ):
-                return int(resp.TTL)
-        except ValueError as e:
-            if not closed_under_us(e):
-                raise
-            raise EtcdUnavailable("etcd LeaseKeepAlive: the connection was closed by a reconnect") from e
+            for resp in stream.call:
+                stream.answer(int(resp.ID), int(resp.TTL))
+            error = EtcdUnavailable("etcd LeaseKeepAlive: the stream ended")
+        except ValueError as e:  # the channel was closed under the stream (a reconnect, the store's close)
+            error = EtcdUnavailable(f"etcd LeaseKeepAlive: the connection was closed ({e})")
         except grpc.RpcError as e:
             if _transient(e):
-                self._rotate(channel)
-            elif md is not None and any(t in (e.details() or "") for t in _STALE_TOKEN):
-                self._drop_token(md)
-            raise self._error("LeaseKeepAlive", e) from e
-        return 0
+                self._rotate(stream.channel)
+            elif stream.md is not None and any(t in (e.details() or "") for t in _STALE_TOKEN):
+                self._drop_token(stream.md)
+            error = self._error("LeaseKeepAlive", e)
+        except Exception as e:  # noqa: BLE001 - whatever ends the stream fails its waiters, never silently
+            error = EtcdUnavailable(f"etcd LeaseKeepAlive: {type(e).__name__}: {e}")
+        stream.fail(error)
 
     def keep_lease(self, ttl: int, on_lost: Callable[[], None] | None = None) -> KeptLease:
         """Grant a lease and keep it alive in a background thread (see :class:`KeptLease`)."""

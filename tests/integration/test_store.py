@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -256,3 +258,60 @@ def test_a_reconnect_by_one_thread_breaks_no_other_threads_call(etcd: EtcdServer
     assert result and result[0].value == b"1"  # type: ignore[attr-defined]
     assert late and late[0].value == b"1"  # type: ignore[attr-defined]
     assert not store._retired  # both dropped channels are closed now
+
+
+def test_every_lease_of_a_store_is_kept_over_one_stream_that_survives_an_etcd_restart(etcd: EtcdServer) -> None:
+    """Issue "control plane at 5,000 workers", item 1: one LeaseKeepAlive stream per store
+    carries every lease's keep-alives (it used to open a stream per keep-alive); etcd
+    restarted under it, the stream is opened again and no lease is lost while etcd answers."""
+    store = etcd.store(timeout=1.0, retry_window=20.0)
+    try:
+        leases = [store.keep_lease(4) for _ in range(10)]
+        for i, lease in enumerate(leases):
+            store.put(f"/ka/{i}", "x", lease=lease.id)
+        time.sleep(5)  # past the TTL: kept alive, each lease refreshed at least 3 times
+        assert store.keepalive_streams == 1
+        assert all(store.get(f"/ka/{i}") is not None for i in range(10))
+        etcd.restart()  # same data dir: the leases are still there, their TTL restarted
+        time.sleep(5)
+        assert not any(lease.lost for lease in leases)
+        assert all(store.get(f"/ka/{i}") is not None for i in range(10))
+        assert 2 <= store.keepalive_streams <= 5, store.keepalive_streams  # opened again, not once per refresh
+        assert all(store.lease_refresh(lease.id) >= 3 for lease in leases)
+        for lease in leases:
+            lease.revoke()
+        assert store.lease_refresh(leases[0].id) == 0
+    finally:
+        store.close()
+
+
+def test_a_keepalive_answer_that_never_comes_fails_the_refresh_and_a_new_stream_serves_the_next(
+    etcd: EtcdServer,
+) -> None:
+    """etcd frozen (SIGSTOP) under an open keep-alive stream: the refresh fails within the store's
+    timeout and cancels that stream (a late answer could otherwise be taken for a later
+    request's); once etcd runs again, the next refresh opens a new stream and succeeds."""
+    store = etcd.store(timeout=1.0, retry_window=5.0)
+    try:
+        lease = store.lease_grant(10)
+        assert store.lease_refresh(lease) > 0 and store.keepalive_streams == 1
+        assert etcd.proc is not None
+        os.kill(etcd.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(EtcdUnavailable, match="no answer within"):
+                store.lease_refresh(lease)
+            assert time.monotonic() - t0 < 3
+        finally:
+            os.kill(etcd.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert store.lease_refresh(lease) > 0
+                break
+            except EtcdUnavailable:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert store.keepalive_streams >= 2
+    finally:
+        store.close()
