@@ -337,7 +337,8 @@ class TrainCore:
         else:
             self.opt = torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay)
         self.ref_model: torch.nn.Module | None = None
-        if spec.algorithm.kl_coef > 0:
+        # under LoRA the reference is the base model: the same module with its adapters off, no copy
+        if spec.algorithm.kl_coef > 0 and not self.lora:
             if self.strategy == "fsdp":  # frozen, but sharded too: a second full copy is what fsdp avoids
                 ref = self._load_sharded(model_dir, dtype, train=False)
             else:
@@ -494,18 +495,35 @@ class TrainCore:
             old_lp = new_lp.detach()  # one update per batch: on-policy samples have ratio 1
             if self.spec.algorithm.off_policy_correction and not empty:
                 old_lp = behaviour_logprobs(rows, new_lp, bt["completion_mask"], self.step)
-            ref_lp = None
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref_lp = sequence_logprobs(
-                        self.ref_model, bt["input_ids"], bt["attention_mask"], bt["completion_mask"]
-                    )
+            ref_lp = self.reference_logprobs(bt["input_ids"], bt["attention_mask"], bt["completion_mask"])
             a = self.spec.algorithm
             seq_loss, stats = grpo_loss(new_lp, old_lp, adv.to(self.device), bt["completion_mask"], a.clip_eps,
                                         a.kl_coef, ref_lp, token_sum=a.loss_aggregation != "seq_mean")  # fmt: skip
             loss = seq_loss.sum() * (0.0 if empty else self.world / divisor)
             loss.backward()
         return seq_loss.cpu(), stats
+
+    def reference_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_mask: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Per-token log-probabilities under the frozen reference policy (None without a KL term).
+
+        Full training keeps a reference model (sharded under fsdp). Under LoRA the reference is
+        the base model, which the trainer already holds: the module with its adapters disabled
+        and in eval mode for the forward (as a separate reference model is), which computes
+        exactly what a copy of the base model would, without a second copy in memory."""
+        if self.spec.algorithm.kl_coef <= 0:
+            return None
+        with torch.no_grad():
+            if not self.lora:
+                assert self.ref_model is not None
+                return sequence_logprobs(self.ref_model, input_ids, attention_mask, completion_mask)
+            self.module.eval()
+            try:
+                with self.module.disable_adapter():  # type: ignore[operator]
+                    return sequence_logprobs(self.module, input_ids, attention_mask, completion_mask)
+            finally:
+                self.module.train()
 
     def _clip(self) -> torch.Tensor | None:
         limit = self.spec.trainer.max_grad_norm

@@ -244,3 +244,36 @@ def test_lora_trains_alike_at_world_1_and_2_and_its_snapshot_holds_the_adapters_
     print(f"\nsnapshot bytes, tiny model: full {nbytes(full):,}, LoRA r=4 {nbytes(small):,}; "
           f"weight sync bytes: full {sum(one['buckets']['sizes']):,}, LoRA (merged) {sum(one['lora_buckets']['sizes']):,}")  # fmt: skip
     assert nbytes(small) * 10 < nbytes(full)
+
+
+def test_lora_with_a_kl_term_takes_its_reference_from_the_base_model_it_holds(model_dir: str) -> None:
+    """trainer.lora with ``algorithm.kl_coef > 0``: no second copy of the model; the reference
+    log-probabilities are the base model's, bit for bit what a separately loaded copy gives,
+    while the trained policy has moved away from them (the KL term is non-zero)."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from resilient_rl.algo.grpo import sequence_logprobs
+    from resilient_rl.spec import JobSpec
+    from resilient_rl.workers.train_core import TrainCore
+
+    data = json.loads(_spec(lora={"r": 4, "alpha": 8}))
+    data["algorithm"]["kl_coef"] = 0.1
+    core = TrainCore(JobSpec.model_validate(data), model_dir)
+    assert core.ref_model is None
+    stats = [core.train(b) for b in BATCHES]
+    assert core.module.training  # the reference forward put it back in training mode
+    ids = torch.randint(3, len(build_vocab(VOCAB_CHARS)), (2, 10), generator=torch.Generator().manual_seed(0))
+    mask, completion = torch.ones_like(ids), torch.zeros_like(ids)
+    completion[:, 5:] = 1
+    base = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        want = sequence_logprobs(base, ids, mask, completion)
+        core.module.eval()
+        policy = sequence_logprobs(core.module, ids, mask, completion)
+        core.module.train()
+    got = core.reference_logprobs(ids, mask, completion)
+    assert got is not None and torch.equal(got, want)
+    assert not torch.allclose(policy, want)  # the adapters moved the policy, not the reference
+    assert stats[-1]["kl"] > 0
