@@ -340,6 +340,53 @@ def test_at_world_one_a_killed_rank_is_replaced_by_the_spare_from_the_shadow_cop
 
 
 @pytest.mark.timeout(600)
+def test_with_max_staleness_1_the_next_steps_rollouts_are_written_while_a_killed_rank_is_replaced(
+    platform: LivePlatform, tmp_path: Path
+) -> None:
+    """World 2, ``max_staleness: 1``, no warm spare (the newcomer is a new process: a recovery of
+    seconds), rollouts slower than training (a reward of 50 ms a sample: a step's four shards
+    take about a second): SIGKILL rank 1. The survivor keeps its state (hot) and, while the
+    group re-forms, the rollout worker keeps generating: the journal holds at least two shards
+    of a later step written between the restart event and the recovery (one worker: the
+    shard in flight at the fault, then those the driver sent during the recovery, which its
+    waits' pump does; without it none or one). Exact, every step once."""
+    import json
+
+    work = tmp_path / "pump"
+    work.mkdir(parents=True)
+    rows = work / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{i % 10}{i % 10}:", "answer": str(i)}) + "\n" for i in range(64)))
+    steps = 12
+    spec = _spec("e2e-pump", work, steps=steps, trainer={"replicas": 2, "shadow_every": 0},
+                 task={"kind": "jsonl", "path": str(rows), "reward": "function",
+                       "reward_fn": "tests.unit.reward_fns:slow_parity"},
+                 rollout={"shards_per_step": 4}, checkpoint={"dir": str(work), "every": 50},
+                 **{"async": {"max_staleness": 1}})  # fmt: skip
+    spec["task"].pop("num_prompts")  # a jsonl task has its rows
+    job = platform.submit(spec)
+    _wait_step(platform, job, 3)
+    before = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
+    os.kill(before["trainer/1"], signal.SIGKILL)
+    _assert_exactly_once_and_replay(platform, job, work, steps, staleness=1)
+    evs = events.read(platform.store, job, limit=1000)
+    restarts, recovered = _recoveries(evs)
+    assert [e["recovery"] for e in restarts] == ["hot"], [(e["recovery"], e["message"]) for e in restarts]
+    t0, t1, k = restarts[0]["time"], recovered[0]["time"], restarts[0]["step"]
+    written = sorted(
+        (f.stat().st_mtime, int(d.name.split("-")[1]))
+        for d in (work / "journal").glob("step-*")
+        if int(d.name.split("-")[1]) > k
+        for f in d.glob("shard-*.json")
+    )
+    inside = [(round(t - t0, 2), s) for t, s in written if t0 <= t <= t1]
+    print(
+        f"\nrecovery of step {k}: {t1 - t0:.2f}s; (seconds into it, step) of the later shards written in it: {inside}"
+    )
+    assert len(inside) >= 2, (f"recovery of step {k} took {t1 - t0:.2f}s; later shards written in it: {inside}",
+                              [(round(t - t0, 2), s) for t, s in written[:6]])  # fmt: skip
+
+
+@pytest.mark.timeout(600)
 def test_a_stopped_ddp_rank_is_found_by_its_lease_and_replaced_hot(platform: LivePlatform, tmp_path: Path) -> None:
     """World 2, DDP, hang_timeout 60 s: SIGSTOP rank 1 for 3 x hang_timeout. Ray still calls it
     alive; its membership lease expires, and the runner kills it well within hang_timeout + TTL

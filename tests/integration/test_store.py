@@ -204,8 +204,6 @@ def test_a_reconnect_by_one_thread_breaks_no_other_threads_call(etcd: EtcdServer
     it. Closing it under them once let a ValueError out of the controller's run thread after an
     etcd pause, so no leader came back: a dropped channel now stays open for calls in flight,
     and whatever grpc raises for a closed channel is retried as a transient etcd error."""
-    import os
-    import signal
 
     store = etcd.store(timeout=3.0, retry_window=10.0)
     store.put("/t/x", "1")

@@ -69,3 +69,11 @@ def hangs_sometimes(prompt: str, completion: str, answer: str) -> float:
 def length_parity(prompt: str, completion: str, answer: str) -> float:
     """1 for a completion of odd length: about half the groups of two samples have no spread."""
     return float(len(completion) % 2)
+
+
+def slow_parity(prompt: str, completion: str, answer: str) -> float:
+    """``length_parity`` after 50 ms: rollouts slower than a tiny model's training step."""
+    import time
+
+    time.sleep(0.05)
+    return float(len(completion) % 2)
