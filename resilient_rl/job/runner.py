@@ -491,10 +491,15 @@ class JobRunner:
             return describe_error(e)
 
     def _publish_again(self) -> str | None:
-        """After a hot recovery: the current weights' handle may have died with the lost rank or
-        node (its weight store, or the rank whose call made it), and a worker loading it would
-        fall behind the policy; the recovered group publishes them again and hands them on.
+        """After a hot recovery: the current weights' handle may have died with the lost rank's
+        node (the weight store on it), and a worker loading it would fall behind the policy; the
+        recovered group then publishes them again and hands them on. Not when the weight store
+        answers that it still holds the current version: it owns the buckets and the handle (see
+        ``WeightStore``), so a lost rank did not take them along, and publishing again would cost
+        a pass over the weights and a reload in every rollout worker before the step is retrained.
         None if done, else the error (the caller takes the cold path, which re-creates the store)."""
+        if self._store_holds(self.version):
+            return None
         try:
             self.weights = self.trainers.publish()
         except (NotLeader, JobFailed):
@@ -504,6 +509,18 @@ class JobRunner:
             return f"publishing the weights again failed: {describe_error(e)}"
         self.committer.hand_off(self.version, self.weights, self.rollouts)
         return None
+
+    def _store_holds(self, version: int) -> bool:
+        """Whether the job's weight store is alive and still holds ``version``'s handle."""
+        A = self.actors
+        store = A.find(self.ctx.actor_name("weights", 0))
+        if store is None:
+            return False
+        try:
+            return bool(A.get(A.call(store, "get", version), timeout=10.0))
+        except Exception as e:  # gone or not answering: publish again
+            self.ctx.raise_if_stale(e)
+            return False
 
     def _committed(
         self, train: Training, results: Any, secs: float, snaps: SnapshotFlow, *, whole: bool = True

@@ -526,6 +526,29 @@ def test_after_a_hot_recovery_the_group_publishes_the_weights_again(tmp_path: Pa
     assert _digest_of_final_weights(job) == "0,1,2,3,4"
 
 
+def test_after_a_hot_recovery_weights_the_store_still_holds_are_not_published_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weight store owns each version's buckets and handle: when it answers that it still
+    holds the current version after a rank was lost, nothing is published again (no pass over
+    the weights, no reload in the rollout workers before the step is retrained); exact."""
+    from resilient_rl.workers.weights import WeightStore
+
+    asked: list[int] = []
+
+    def holds(self: WeightStore, version: int) -> list[Any]:
+        asked.append(version)
+        return [("weights", version)]
+
+    monkeypatch.setattr(WeightStore, "get", holds)
+    job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 0)}), steps=5)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert [e["recovery"] for e in job.events("trainer_restart")] == ["hot"]
+    assert asked == [3] and job.script.published == []
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
 def test_without_a_spare_the_hot_path_starts_a_new_process_for_the_lost_rank(tmp_path: Path) -> None:
     job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 1)}), steps=5, trainer={"spares": 0})
     job.lead()
