@@ -49,6 +49,23 @@ def sequence_logprobs(
     the same log-probabilities as the unpadded sequences (as the inference engine computed them).
     Gradients flow to the model's parameters.
     """
+    return sequence_logprobs_and_entropy(model, input_ids, attention_mask, completion_mask, entropy=False)[0]
+
+
+def sequence_logprobs_and_entropy(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_mask: torch.Tensor,
+    entropy: bool = True,
+    chunk: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`sequence_logprobs` and, from the same forward pass, the policy's per-token entropy
+    ``[B, T]`` (nats; 0 outside ``completion_mask``; None with ``entropy=False``).
+
+    The entropy is a statistic, not part of the loss: computed without gradient, ``chunk``
+    positions at a time (one ``[B, chunk, V]`` softmax at once, not the whole ``[B, T, V]``),
+    and the log-probabilities are the same bits as without it."""
     if not (input_ids.shape == attention_mask.shape == completion_mask.shape) or input_ids.dim() != 2:
         raise ValueError("input_ids, attention_mask and completion_mask must share one [B, T] shape")
     if bool(completion_mask[:, 0].any()):
@@ -61,10 +78,21 @@ def sequence_logprobs(
     logits = logits[:, :-1].float()  # logits at t-1 predict token t
     targets = input_ids[:, 1:]
     # gather - logsumexp avoids materialising a second [B, T, V] log_softmax tensor.
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     out = nn.functional.pad(picked, (1, 0))  # position 0: no prediction
     # where, not multiply: whatever the logits at padding hold must not leak (inf * 0 is NaN).
-    return torch.where(completion_mask.bool(), out, torch.zeros_like(out))
+    keep = completion_mask.bool()
+    lp = torch.where(keep, out, torch.zeros_like(out))
+    if not entropy:
+        return lp, None
+    with torch.no_grad():
+        ent = torch.empty_like(lse)
+        for a in range(0, ent.shape[1], chunk):  # H = logsumexp(z) - sum softmax(z) * z
+            z = logits[:, a : a + chunk].detach()
+            ent[:, a : a + chunk] = lse[:, a : a + chunk].detach() - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+        ent = nn.functional.pad(ent, (1, 0))
+        return lp, torch.where(keep, ent, torch.zeros_like(ent))
 
 
 def grpo_loss(

@@ -22,7 +22,8 @@ from .groups import RolloutGroup
 from .reward_guard import RewardErrorWindow
 
 # the trainer's per-step statistics kept in the metrics line (``train``) and the experiment loggers
-TRAIN_STATS = ("grad_norm", "kl", "clip_frac", "ratio_mean", "num_tokens", "groups_kept", "groups_dropped", "truncated")
+TRAIN_STATS = ("grad_norm", "kl", "entropy", "clip_frac", "ratio_mean", "num_tokens", "groups_kept", "groups_dropped",
+               "truncated")  # fmt: skip
 
 
 class StepCommitter:

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ..algo.dynamic import overlong_shaping, select_groups
-from ..algo.grpo import group_advantages, grpo_loss, sequence_logprobs
+from ..algo.grpo import group_advantages, grpo_loss, sequence_logprobs, sequence_logprobs_and_entropy
 
 if TYPE_CHECKING:  # any object with the spec's fields works (bench/gpu_check.py runs where pydantic may not)
     from ..spec import JobSpec
@@ -506,7 +506,9 @@ class TrainCore:
         else:
             ctx = self.model.no_sync() if not sync else contextlib.nullcontext()  # type: ignore[operator]
         with ctx:
-            new_lp = sequence_logprobs(self.model, bt["input_ids"], bt["attention_mask"], bt["completion_mask"])
+            new_lp, ent = sequence_logprobs_and_entropy(
+                self.model, bt["input_ids"], bt["attention_mask"], bt["completion_mask"]
+            )
             old_lp = new_lp.detach()  # one update per batch: on-policy samples have ratio 1
             if self.spec.algorithm.off_policy_correction and not empty:
                 old_lp = behaviour_logprobs(rows, new_lp, bt["completion_mask"], self.step)
@@ -514,6 +516,8 @@ class TrainCore:
             a = self.spec.algorithm
             seq_loss, stats = grpo_loss(new_lp, old_lp, adv.to(self.device), bt["completion_mask"], a.clip_eps,
                                         a.kl_coef, ref_lp, token_sum=a.loss_aggregation != "seq_mean")  # fmt: skip
+            assert ent is not None  # the policy's mean per-token entropy, weighted like the other statistics
+            stats["entropy"] = float(ent.sum()) / max(1.0, float(stats["num_tokens"]))
             loss = seq_loss.sum() * (0.0 if empty else self.world / divisor)
             loss.backward()
         return seq_loss.cpu(), stats

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from checkpoints.journal import Journal
 from resilient_rl.algo.tasks import VOCAB_CHARS
 from resilient_rl.local import free_port
 from resilient_rl.spec import parse_spec
-from resilient_rl.workers.model_init import make_tiny_model
+from resilient_rl.workers.model_init import build_vocab, make_tiny_model
 from resilient_rl.workers.trainer import StepRejected, TrainerRank
 from tests.conftest import EtcdServer
 
@@ -51,8 +52,8 @@ def test_nan_loss_rejects_step_without_applying_it(
 
 
 def test_step_statistics_are_token_weighted_whatever_the_micro_batch(tmp_path: Path, etcd: EtcdServer) -> None:
-    """clip_frac / ratio_mean are per-token means over the step's batch (num_tokens its token
-    count), as if the batch were one micro-batch: not an average of micro-batch means."""
+    """clip_frac / ratio_mean / entropy are per-token means over the step's batch (num_tokens its
+    token count), as if the batch were one micro-batch: not an average of micro-batch means."""
     import random
 
     rng = random.Random(3)
@@ -79,11 +80,13 @@ def test_step_statistics_are_token_weighted_whatever_the_micro_batch(tmp_path: P
         finally:
             rank.shutdown()
     assert out[1]["num_tokens"] == out[8]["num_tokens"] == sum(lengths)
-    for k in ("ratio_mean", "clip_frac"):
+    for k in ("ratio_mean", "clip_frac", "entropy"):
         assert out[1][k] == pytest.approx(out[8][k], rel=1e-6), k
     assert (
         out[8]["ratio_mean"] != pytest.approx(1.0) and 0.0 < out[8]["clip_frac"] < 1.0
     )  # the check can see a difference
+    # the policy's mean per-token entropy: positive, at most that of a uniform next-token distribution
+    assert 0.0 < out[8]["entropy"] <= math.log(len(build_vocab(VOCAB_CHARS))) + 1e-6
 
 
 def test_rank_zero_holds_its_rendezvous_port_from_address_to_setup(tmp_path: Path, etcd: EtcdServer) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from resilient_rl.algo.grpo import group_advantages, grpo_loss, sequence_logprobs
+from resilient_rl.algo.grpo import group_advantages, grpo_loss, sequence_logprobs, sequence_logprobs_and_entropy
 
 EPS = 0.2
 
@@ -266,6 +266,30 @@ def test_sequence_logprobs_matches_manual_log_softmax() -> None:
     torch.testing.assert_close(got.detach(), manual, rtol=1e-5, atol=1e-5)
     assert torch.equal(got[comp == 0], torch.zeros(int((comp == 0).sum())))
     assert got.requires_grad
+
+
+def test_the_entropy_beside_the_logprobs_is_the_policys_and_leaves_the_logprobs_bit_equal() -> None:
+    """Per completion token, -sum p log p of the next-token distribution (0 elsewhere), the same
+    for any chunking; the log-probabilities are the same bits as ``sequence_logprobs``'s and the
+    entropy carries no gradient."""
+    torch.manual_seed(0)
+    model = _tiny_lm()
+    ids, attn, comp = _batch(b=3)
+    plain = sequence_logprobs(model, ids, attn, comp)
+    lp, ent = sequence_logprobs_and_entropy(model, ids, attn, comp)
+    _, ent2 = sequence_logprobs_and_entropy(model, ids, attn, comp, chunk=2)
+    assert ent is not None and ent2 is not None
+    assert torch.equal(lp, plain) and lp.requires_grad and not ent.requires_grad
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float(), dim=-1)
+    manual = torch.zeros_like(ent)
+    for b in range(ids.shape[0]):
+        for t in range(1, ids.shape[1]):
+            if comp[b, t]:
+                manual[b, t] = -(logp[b, t - 1].exp() * logp[b, t - 1]).sum()
+    torch.testing.assert_close(ent, manual, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent2, ent, rtol=1e-6, atol=1e-6)
+    assert float(ent[comp == 1].min()) > 0 and torch.equal(ent[comp == 0], torch.zeros(int((comp == 0).sum())))
 
 
 def test_sequence_logprobs_ignore_left_padding() -> None:
