@@ -3,7 +3,14 @@
 Layout under the journal root::
 
     step-00000012/shard-0003-<digest>.json  a shard's trajectories (written by a rollout worker)
+    step-00000012/parts-0003/g-0005.json   one finished prompt group of shard 3 (position 5)
     step-00000012/batch.json          the batch manifest: every shard's file + digest
+
+A worker journals each prompt group of its shard as soon as the group is finished and
+scored (``write_group``: first writer wins, so a zombie's late copy, which may differ, is
+refused); a shard generated again after its worker was lost keeps the groups already
+there and generates only the rest. The shard file, written once every group is in,
+holds them all and is what batches point to; its ``parts-`` folder is then removed.
 
 Every file is written atomically (temp file in the same folder, fsync,
 ``os.replace``, fsync of the folder), so a reader sees either nothing or the
@@ -146,6 +153,47 @@ class Journal:
         path = self.step_dir(step) / f"shard-{shard:04d}-{digest[:16]}.json"
         self._write(atomic_write, path, data)
         return ShardRef(step, shard, str(path), digest, len(samples))
+
+    def parts_dir(self, step: int, shard: int) -> Path:
+        return self.step_dir(step) / f"parts-{shard:04d}"
+
+    def write_group(self, step: int, shard: int, pos: int, body: dict[str, Any]) -> bool:
+        """Durably write prompt group ``pos`` of a shard (its samples and who made them), unless
+        a group is there already: first writer wins. True if this call wrote it."""
+        payload = json.dumps(body, sort_keys=True)
+        data = json.dumps({"sha256": sha256(payload.encode()), "body": payload}).encode()
+        return bool(self._write(atomic_create, self.parts_dir(step, shard) / f"g-{pos:04d}.json", data))
+
+    def groups(self, step: int, shard: int) -> dict[int, dict[str, Any]]:
+        """The finished groups of a shard, by position, digests verified. A group file that does
+        not verify (a torn disk, a tampered file) is removed, so it is generated again."""
+        out: dict[int, dict[str, Any]] = {}
+        d = self.parts_dir(step, shard)
+        try:
+            names = sorted(os.listdir(d))
+        except FileNotFoundError:
+            return out
+        for n in names:
+            if not (n.startswith("g-") and n.endswith(".json")):
+                continue  # a temporary file of a write in progress
+            try:
+                outer = json.loads((d / n).read_bytes())
+                payload = outer["body"]
+                if sha256(payload.encode()) != outer["sha256"]:
+                    raise ValueError("digest mismatch")
+                out[int(n[2:-5])] = dict(json.loads(payload))
+            except FileNotFoundError:
+                continue  # removed under us: the shard is complete
+            except (OSError, ValueError, KeyError, TypeError):
+                (d / n).unlink(missing_ok=True)
+        return out
+
+    def drop_group(self, step: int, shard: int, pos: int) -> None:
+        (self.parts_dir(step, shard) / f"g-{pos:04d}.json").unlink(missing_ok=True)
+
+    def drop_groups(self, step: int, shard: int) -> None:
+        """Remove a shard's group files once its shard file holds them (idempotent)."""
+        shutil.rmtree(self.parts_dir(step, shard), ignore_errors=True)
 
     def _write(self, how: Any, path: Path, data: bytes) -> Any:
         """``how(path, data)``; a full disk is :class:`JournalFull` (the temporary file is gone)."""

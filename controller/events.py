@@ -48,6 +48,8 @@ class Kind(StrEnum):
     TRAINER_RESTART = "trainer_restart"  # also a resize: its ``resize`` field says which
     SNAPSHOT_FAILED = "snapshot_failed"
     SNAPSHOT_CORRUPT = "snapshot_corrupt"
+    # a worker asked to leave (SIGTERM, a node drain): drained, replaced, no fault budget spent
+    PREEMPTED = "preempted"
     # recoveries
     RECOVERED = "recovered"  # a step committed after faults: one per fault, with ``seconds``
     ROLLOUT_JOINED = "rollout_joined"
@@ -57,6 +59,7 @@ class Kind(StrEnum):
     COMMIT_RECOVERED = "commit_recovered"
     REPLAY = "replay"
     SHADOW_RESTORED = "shadow_restored"  # a restart took the in-memory shadow copy, not a snapshot
+    SHARD_RESUMED = "shard_resumed"  # a lost shard done by another worker: ``kept`` + ``regenerated`` samples
     # scaling and snapshots
     SCALE = "scale"
     AUTOSCALE = "autoscale"

@@ -609,6 +609,14 @@ class FaultSpec(_Section):
         why="a week; a longer window never forgets a fault",
         description="Window (seconds) of the restart budget.",
     )
+    preempt_grace_s: float = Size(
+        30.0,
+        ge=1.0,
+        le=600.0,
+        why="spot and preemptible notices give 30-120 s; a drain longer than ten minutes is no notice",
+        description="Seconds a preempted worker (SIGTERM, a node drain) has to hand its finished work over "
+        "and leave; it exits by itself at the end. A preemption is not a fault: no restart is spent.",
+    )
 
 
 class EvalSpec(_Section):

@@ -59,7 +59,8 @@ _TAKE_OVER = frozenset({Kind.LEADER, Kind.REPLAY, Kind.SHADOW_RESTORED})
 def annotate(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The events (oldest first) each with the ``category`` the page filters by: ``fault``,
     ``recovery`` (a group back, a fault's worker rejoined, a take-over, a replay),
-    ``scaling``, ``snapshot`` or ``job`` (its lifecycle and the rest). Each fault also gets
+    ``preemption`` (a worker drained on notice: no fault), ``scaling``, ``snapshot`` or
+    ``job`` (its lifecycle and the rest). Each fault also gets
     ``path`` (how it was recovered: ``hot`` / ``cold`` trainer restart, a warm ``spare``, a
     new ``process``) and ``mttr_s`` (seconds to its recovery) once its recovery is in the
     list; its ``detection_s`` is the driver's own."""
@@ -81,7 +82,9 @@ def annotate(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 trainer_open.append(row)
         elif kind in (Kind.TRAINER_RESTART, Kind.TRAINER_RECOVERED) and ev.get("resize"):
             row["category"] = "scaling"  # a resize's restart and return: no fault, no recovery
-        elif ev.get("seq") in recovered or kind in _TAKE_OVER:
+        elif kind == Kind.PREEMPTED:
+            row["category"] = "preemption"
+        elif ev.get("seq") in recovered or kind in _TAKE_OVER or kind == Kind.SHARD_RESUMED:
             row["category"] = "recovery"
         elif kind in _SCALING:
             row["category"] = "scaling"

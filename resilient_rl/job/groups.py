@@ -233,6 +233,33 @@ class RolloutGroup:
                        **({"spare": spare[0]} if spare else {}))  # fmt: skip
         self.waiting[i] = time.monotonic() + backoff
 
+    def preempted(self, i: int, info: dict[str, Any], what: str) -> None:
+        """Worker ``i`` was preempted (SIGTERM, a node drain: see ``RolloutWorker``) and has
+        journaled what it finished (``what`` says how much; its shard, if any, is re-queued by the
+        caller): stop it and take its place at once with a spare or a new worker. Not a fault:
+        no restart is spent from the budget and there is no backoff."""
+        self.ctx.check_leader()
+        self.idle.discard(i)
+        for ref, (j, _) in list(self.joining.items()):
+            if j == i:
+                del self.joining[ref]
+        self._from_spare.pop(i, None)
+        taken = self.promoting.pop(i, None)
+        old = self.workers.pop(i, None)
+        if old is not None:
+            self.actors.kill(old)
+        spare = taken or (self.spares.take() if i < self.ctx.want("rollout") else None)
+        if spare is not None:
+            self.promoting[i] = spare
+        at = info.get("preempted_at")
+        drained = round(time.time() - float(at), 3) if isinstance(at, (int, float)) else None
+        self.ctx.event(Kind.PREEMPTED, f"rollout worker {i} preempted: {what}; "
+                       + (f"the warm spare {spare[0]} takes its place" if spare else "a new worker takes its place"),
+                       worker=i, group="rollout", drained_s=drained, grace_s=self.ctx.spec.fault.preempt_grace_s,
+                       **({"spare": spare[0]} if spare else {}),
+                       **{f: info[f] for f in ("groups_done", "groups") if f in info})  # fmt: skip
+        self.waiting[i] = time.monotonic()
+
     def tick(self, version: int, weights: Any) -> None:
         """Start the replacements whose backoff has passed (a spare taken for one: at once)."""
         now = time.monotonic()

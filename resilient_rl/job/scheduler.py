@@ -7,7 +7,11 @@ max_staleness``), queued, sent to an idle rollout worker, journaled by that work
 *done* when its summary is back; a step's batch is ready for training once every shard
 is done and the batch manifest is in the journal. A batch already complete in the journal
 (a previous leader's, a restart's) is reused, never generated again. A shard whose worker
-dies or hangs goes back to the front of the queue, once per loss.
+dies or hangs goes back to the front of the queue, once per loss; the worker that takes it
+keeps the prompt groups the lost one journaled and generates only the rest (an event,
+``shard_resumed``, says how many of each). A worker that is preempted (SIGTERM, a node
+drain) answers its shard with what it finished, or is found ``preempted`` in membership
+while idle: its shard goes back the same way and the worker is replaced, no fault counted.
 
 Under dynamic sampling (``algorithm.dynamic_sampling``) a step's shards come in rounds:
 once every shard of a round is in, the step's groups with a reward spread are counted
@@ -90,6 +94,7 @@ class ShardScheduler:
         self.planned = -1
         self._progress_read: tuple[float, dict[str, dict[str, Any]]] = (float("-inf"), {})  # see _progress_view
         self.shard_mb = 0.0  # the largest shard file so far (how much room a resume needs)
+        self.lost: set[tuple[int, int]] = set()  # (step, shard) sent again after its worker was lost
 
     # -- planning ----------------------------------------------------------------
 
@@ -235,6 +240,11 @@ class ShardScheduler:
             except Exception as e:
                 if actor_died(e):  # the worker died: its shard goes back to the queue
                     again.appendleft(f.shard)
+                    self.lost.add((f.shard.step, f.shard.index))
+                    info = self._member(f.worker)
+                    if info.get("status") == "preempted":  # it left on notice (its grace ran out): no fault
+                        rollouts.preempted(f.worker, info, f"its shard {f.shard.step}/{f.shard.index} goes to another")
+                        continue
                     self.faults.detected(classify("rollout", error=e, worker=f.worker))
                     rollouts.fault(f.worker, e)
                     continue
@@ -247,11 +257,25 @@ class ShardScheduler:
                     rollouts.idle.add(f.worker)
                 self.pause(full)
                 continue
+            if result.get("preempted"):  # it stopped on notice: what it finished is journaled, the rest goes on
+                again.appendleft(f.shard)
+                self.lost.add((f.shard.step, f.shard.index))
+                rollouts.preempted(f.worker, result, f"{result.get('groups_done', 0)} of {result.get('groups', '?')} "
+                                   f"prompt groups of shard {f.shard.step}/{f.shard.index} journaled, the rest goes "
+                                   "to another worker")  # fmt: skip
+                continue
             if f.worker in rollouts.workers:
                 rollouts.idle.add(f.worker)
             if f.shard.round == EVAL:
                 self._eval_result(f.shard, result)
                 continue
+            if (f.shard.step, f.shard.index) in self.lost:
+                self.lost.discard((f.shard.step, f.shard.index))
+                kept, regen = int(result.get("kept") or 0), int(result.get("generated") or 0)
+                self.ctx.event(Kind.SHARD_RESUMED, f"shard {f.shard.step}/{f.shard.index} done by worker {f.worker}: "
+                               f"{kept} samples its lost worker had journaled kept, {regen} generated again",
+                               step=f.shard.step, shard=f.shard.index, worker=f.worker, kept=kept,
+                               regenerated=regen)  # fmt: skip
             self.shard_mb = max(self.shard_mb, float(result.get("bytes") or 0) / 1e6)
             self.done.setdefault(f.shard.step, {})[f.shard.index] = result
             if len(self.done[f.shard.step]) == self.rounds[f.shard.step].shards:
@@ -313,17 +337,39 @@ class ShardScheduler:
                 continue
             del self.inflight[ref]
             (self.evalq if f.shard.round == EVAL else self.queue).appendleft(f.shard)
+            if f.shard.round != EVAL:
+                self.lost.add((f.shard.step, f.shard.index))
             self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {f.worker} made no progress on shard "
                            f"{f.shard.step}/{f.shard.index} for {now - f.sent:.1f}s (limit {limit:g}s: "
                            "fault.hang_timeout + reward timeouts)", worker=f.worker, group="rollout",
                            detection_s=round(now - f.sent, 2))  # fmt: skip
             self.faults.detected(classify("rollout", hung=True, worker=f.worker))
             rollouts.fault(f.worker, TimeoutError(f"hung for {now - f.sent:.0f}s"))
+        self._retire_preempted(rollouts, now)
         for w in rollouts.overdue_joins():
             self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {w} did not join within {rollouts.join_limit():g}s",
                            worker=w, group="rollout")  # fmt: skip
             self.faults.detected(classify("rollout", hung=True, worker=w, cause="join_timeout"))
             rollouts.fault(w, TimeoutError("join timed out"))
+
+    def _retire_preempted(self, rollouts: RolloutGroup, now: float) -> None:
+        """Idle workers that say ``preempted`` in membership (SIGTERM while between shards) leave
+        now, not when their grace runs out: read with the progress view, at most once a second."""
+        if not rollouts.idle:
+            return
+        view = self._progress_view(now)
+        for w in sorted(rollouts.idle):
+            info = view.get(str(w)) or {}
+            if info.get("status") == "preempted":
+                rollouts.preempted(w, info, "it was idle")
+                self._progress_read = (float("-inf"), {})  # its replacement's record is read afresh
+
+    def _member(self, w: int) -> dict[str, Any]:
+        """Worker ``w``'s membership record as etcd has it now ({} if gone or unreadable)."""
+        try:
+            return dict(self.ctx.members("rollout").get(str(w)) or {})
+        except EtcdError:
+            return {}
 
     def _progress_view(self, now: float) -> dict[str, dict[str, Any]]:
         """The rollout group's member records, read at most once a second (only while a shard is

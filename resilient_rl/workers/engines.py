@@ -3,13 +3,17 @@
 Both sample every completion with its own seed (derived from ``(seed, step,
 prompt, sample)`` by the caller), so a shard regenerated elsewhere after a
 fault gives the same tokens, and both load new weights in place between
-shards. Imported only inside rollout worker actors (heavy imports).
+shards. Both *stream*: :meth:`Engine.stream` yields each completion as soon as it
+is finished (vLLM's engine is stepped, not ``LLM.generate``, which returns only
+once every prompt is done), so a worker journals finished prompt groups while the
+rest are still generating, and stops at once when it is preempted. Imported only
+inside rollout worker actors (heavy imports).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,6 +46,14 @@ class Engine(Protocol):
         """One completion per (prompt, seed) pair, in order."""
         ...
 
+    def stream(
+        self, prompts: list[str], seeds: list[int], sampling: Sampling, stop: Callable[[], bool] | None = None
+    ) -> Iterator[tuple[int, Completion]]:
+        """``(position, completion)`` for every (prompt, seed) pair, each as soon as it is finished
+        (any order). Closing the iterator early stops the generation of the rest; so does
+        ``stop()`` turning true (asked after every decoding step): the iterator then ends."""
+        ...
+
     def load_weights(self, weights: Weights) -> None:
         """Replace the policy weights in place from a state dict or ``(name, tensor)`` pairs
         (consumed as they come: see ``transport.fetch``); later calls to generate use them."""
@@ -61,29 +73,31 @@ class HFEngine:
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
 
-    @torch.no_grad()
     def generate(self, prompts: list[str], seeds: list[int], sampling: Sampling) -> list[Completion]:
+        return _in_order(self.stream(prompts, seeds, sampling), len(prompts))
+
+    def stream(
+        self, prompts: list[str], seeds: list[int], sampling: Sampling, stop: Callable[[], bool] | None = None
+    ) -> Iterator[tuple[int, Completion]]:
         enc = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        out: list[Completion] = []
         # group rows by prompt length so no padding is needed (prompts of one task are short)
         by_len: dict[int, list[int]] = {}
         for i, ids in enumerate(enc):
             by_len.setdefault(len(ids), []).append(i)
-        results: dict[int, Completion] = {}
         for rows in by_len.values():
             ids = torch.tensor([enc[i] for i in rows])
             gens = [torch.Generator().manual_seed(seeds[i]) for i in rows]
-            toks, lps = self._sample(ids, gens, sampling)
-            for j, i in enumerate(rows):
-                results[i] = Completion(
-                    enc[i], toks[j], lps[j], self.tokenizer.decode(toks[j], skip_special_tokens=True)
-                )
-        out = [results[i] for i in range(len(prompts))]
-        return out
+            if stop is not None and stop():
+                return
+            for j, toks, lps in self._sample(ids, gens, sampling, stop):
+                i = rows[j]
+                yield i, Completion(enc[i], toks, lps, self.tokenizer.decode(toks, skip_special_tokens=True))
 
     def _sample(
-        self, ids: torch.Tensor, gens: list[torch.Generator], s: Sampling
-    ) -> tuple[list[list[int]], list[list[float]]]:
+        self, ids: torch.Tensor, gens: list[torch.Generator], s: Sampling, stop: Callable[[], bool] | None = None
+    ) -> Iterator[tuple[int, list[int], list[float]]]:
+        """``(row, tokens, logprobs)`` of each row as it ends (EOS, or ``max_tokens`` for the rest);
+        nothing more once ``stop()`` is true."""
         b = ids.shape[0]
         done = [False] * b
         toks: list[list[int]] = [[] for _ in range(b)]
@@ -91,7 +105,8 @@ class HFEngine:
         past = None
         cur = ids.to(self.device)
         for _ in range(s.max_tokens):
-            o = self.model(input_ids=cur, past_key_values=past, use_cache=True)
+            with torch.no_grad():
+                o = self.model(input_ids=cur, past_key_values=past, use_cache=True)
             past = o.past_key_values
             logits = o.logits[:, -1, :].float().cpu()
             logp = torch.log_softmax(logits, dim=-1)  # logprobs of the unscaled policy (as vLLM reports)
@@ -114,10 +129,13 @@ class HFEngine:
                 lps[r].append(float(logp[r, t]))
                 if t == self.eos:
                     done[r] = True
-            if all(done):
-                break
+                    yield r, toks[r], lps[r]
+            if all(done) or (stop is not None and stop()):
+                return
             cur = nxt.unsqueeze(1).to(self.device)
-        return toks, lps
+        for r in range(b):
+            if not done[r]:
+                yield r, toks[r], lps[r]
 
     @torch.no_grad()
     def load_weights(self, weights: Weights) -> None:
@@ -133,6 +151,11 @@ class HFEngine:
         missing = sorted(set(live) - seen)
         if missing:  # a partial update would mix two policy versions
             raise KeyError(f"load_weights: {len(missing)} weights missing, e.g. {missing[:3]}")
+
+
+def _in_order(stream: Iterator[tuple[int, Completion]], n: int) -> list[Completion]:
+    got = dict(stream)
+    return [got[i] for i in range(n)]
 
 
 def _pairs(weights: Weights) -> Iterable[tuple[str, torch.Tensor]]:
@@ -154,31 +177,43 @@ class VLLMEngine:
 
         self.llm = LLM(model=model_dir, enforce_eager=True, dtype=dtype, seed=seed, gpu_memory_utilization=0.3)
         self.tokenizer = self.llm.get_tokenizer()
+        self._serial = 0  # request ids of one stream: rrl{serial}-{position}
 
     def generate(self, prompts: list[str], seeds: list[int], sampling: Sampling) -> list[Completion]:
-        from vllm import SamplingParams
+        return _in_order(self.stream(prompts, seeds, sampling), len(prompts))
 
-        params = [
-            SamplingParams(
-                n=1,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                max_tokens=sampling.max_tokens,
-                seed=seed,
-                logprobs=0,
-            )
-            for seed in seeds
-        ]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
-        result = []
-        for o in outs:
-            c = o.outputs[0]
-            ids = list(c.token_ids)
-            lps = []
-            for t, d in zip(ids, c.logprobs or [], strict=False):
-                lps.append(float(d[t].logprob) if t in d else float("nan"))
-            result.append(Completion(list(o.prompt_token_ids), ids, lps, c.text))
-        return result
+    def stream(
+        self, prompts: list[str], seeds: list[int], sampling: Sampling, stop: Callable[[], bool] | None = None
+    ) -> Iterator[tuple[int, Completion]]:
+        """The engine stepped as ``LLM.generate`` steps it, but each finished request handed out
+        at once; requests still running when the iterator is closed are aborted."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        self._serial += 1
+        tag = f"rrl{self._serial}-"
+        pending: set[str] = set()
+        try:
+            for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
+                params = SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
+                                        max_tokens=sampling.max_tokens, seed=seed, logprobs=0)  # fmt: skip
+                params.output_kind = RequestOutputKind.FINAL_ONLY
+                engine.add_request(tag + str(i), prompt, params)
+                pending.add(tag + str(i))
+            while pending and not (stop is not None and stop()):
+                for o in engine.step():
+                    if not o.finished or o.request_id not in pending:
+                        continue
+                    pending.discard(o.request_id)
+                    c = o.outputs[0]
+                    ids = list(c.token_ids)
+                    lps = [float(d[t].logprob) if t in d else float("nan")
+                           for t, d in zip(ids, c.logprobs or [], strict=False)]  # fmt: skip
+                    yield int(o.request_id[len(tag) :]), Completion(list(o.prompt_token_ids or []), ids, lps, c.text)
+        finally:
+            if pending:  # closed early (a preemption) or failed: the rest must not run on in the engine
+                engine.abort_request(sorted(pending))
 
     def load_weights(self, weights: Weights) -> None:
         pairs = _pairs(weights)

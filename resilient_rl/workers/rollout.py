@@ -7,6 +7,18 @@ them, so a shard is always generated under a single policy version.
 
 Generation is deterministic given ``(seed, step, prompt, sample)``: a shard
 regenerated on another worker after a fault has the same content.
+
+A shard is generated as a stream (``Engine.stream``): each prompt group is scored
+and journaled as soon as its samples are finished (``Journal.write_group``, first
+writer wins), and a shard sent again after its worker was lost generates only the
+groups not journaled yet.
+
+Preemption is a drain, not a fault: on SIGTERM (a spot node's notice, a drain) the
+worker stops taking work, stops its shard after the groups already finished (they
+are journaled), answers ``{"preempted": ...}`` and marks itself ``preempted`` in
+membership; the leader gives its unfinished groups to others and replaces it
+without spending the fault budget. It exits by itself ``fault.preempt_grace_s``
+after the signal if the leader has not stopped it by then.
 """
 
 from __future__ import annotations
@@ -14,7 +26,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -91,6 +105,37 @@ class RolloutWorker:
         print(f"{who} of job {job}: {r.engine} engine up in {self.engine_start_s}s (pid {os.getpid()})",
               file=sys.stderr, flush=True)  # fmt: skip
         self.member.update(status="ready" if spare is None else "spare", engine_start_s=self.engine_start_s)
+        self.preempted_at: float | None = None  # wall time of the SIGTERM that asked this worker to leave
+        self._busy = False
+        try:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        except ValueError:  # not the main thread (a threaded actor): Ray's default, exit at once
+            log.warning("rollout worker %d: SIGTERM handler not installed (not the main thread)", index)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """A preemption notice: leave within ``fault.preempt_grace_s`` (see module doc). Only a
+        flag and a thread here: the main thread may hold a lock a handler must not wait on."""
+        if self.preempted_at is not None:
+            return
+        self.preempted_at = time.time()
+        threading.Thread(target=self._drain, name="rrl-preempt", daemon=True).start()
+
+    def _drain(self) -> None:
+        grace = self.spec.fault.preempt_grace_s
+        print(f"rollout worker {self.index} (pid {os.getpid()}): SIGTERM, draining (grace {grace:g}s)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        if self.spare is not None:  # a spare holds no work: leave at once
+            self.member.close()
+            os._exit(0)
+        if not self._busy:  # a busy worker marks itself once its shard has stopped (generate_shard)
+            self.member.update(**self._preempted_fields())
+        time.sleep(max(0.0, self.preempted_at + grace - time.time()) if self.preempted_at else grace)
+        self.member.close()  # the leader did not stop it in time: leave anyway
+        os._exit(0)
+
+    def _preempted_fields(self) -> dict[str, Any]:
+        return {"status": "preempted", "preempted_at": self.preempted_at,
+                "preempt_deadline": (self.preempted_at or 0) + self.spec.fault.preempt_grace_s}  # fmt: skip
 
     def _register(self, group: str, worker: str, **fields: Any) -> Registration:
         return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, version=self.version,
@@ -152,58 +197,80 @@ class RolloutWorker:
         """Generate ``n`` samples for each prompt index, score them, journal the shard.
         ``round_`` > 0: an extra round of dynamic sampling (fresh seeds, see ``algo/dynamic``).
 
-        Returns the shard reference plus summary figures (never the trajectories:
-        those go to the journal). A reward function that raises gives that sample
-        reward 0 and is recorded in the sample (``reward_error``).
+        Each prompt group is journaled as soon as it is finished (see module doc); groups a
+        lost worker journaled before are kept, not generated again. Returns the shard
+        reference plus summary figures (never the trajectories: those go to the journal),
+        with ``kept`` (samples taken from the journal) and ``generated`` (samples generated
+        by this call); or, when this worker was preempted, ``{"preempted": True, ...}`` with
+        the groups finished so far. A reward function that raises gives that sample reward 0
+        and is recorded in the sample (``reward_error``).
         """
         check_fence(self.fence, token, f"shard {step}/{shard}")
         if self.version < step - self.spec.async_.max_staleness:  # a load it was sent failed
             exit_stale_policy(self.version, step)
+        if self.preempted_at is not None:
+            return self._preempted_answer(step, shard, 0, len(indices))
         t0 = self._progress_at = time.monotonic()
+        self._busy = True
+        try:
+            return self._generate(step, shard, indices, round_, t0)
+        finally:
+            self._busy = False
+
+    def _generate(self, step: int, shard: int, indices: list[int], round_: int, t0: float) -> dict[str, Any]:
         self.member.update(status="busy", step=step, shard=shard)
         n = self.spec.rollout.sampling.n
         examples = [self.task.example(i) for i in indices]
+        # finished by a worker lost on this shard: kept (a group of another split of the step,
+        # a leftover of a leader that cut it differently, is not this shard's and is replaced)
+        have = {p: g for p, g in self.journal.groups(step, shard).items()
+                if p < len(examples) and g.get("key") == self._group_key(examples[p], round_)}  # fmt: skip
+        kept = sum(len(g["samples"]) for g in have.values())
+        todo = [p for p in range(len(examples)) if p not in have]
         prompts, seeds, keys_ = [], [], []
-        for ex in examples:
+        for p in todo:
             for s in range(n):
-                prompts.append(ex.prompt)
-                seeds.append(sample_seed(self.spec.seed, step, ex.index, round_sample_number(round_, n, s)))
-                keys_.append((ex, s))
-        outs = self.engine.generate(prompts, seeds, self.sampling)
-        samples = []
-        reward_errors = 0
-        tokens = 0
-        if self.rewards is not None:
-            scored = self.rewards.score(
-                [(ex.prompt, c.text, ex.answer) for (ex, _), c in zip(keys_, outs, strict=True)], self._progress
-            )
-        else:
-            scored = [self.task.reward(ex, c.text) for (ex, _), c in zip(keys_, outs, strict=True)]
-        for (ex, s), c, rr in zip(keys_, outs, scored, strict=True):
-            reward_errors += rr.error is not None
-            tokens += len(c.token_ids)
-            samples.append(
-                {
-                    "prompt_index": ex.index,
-                    "sample": s,
-                    "prompt_ids": c.prompt_ids,
-                    "token_ids": c.token_ids,
-                    "logprobs": [x if math.isfinite(x) else None for x in c.logprobs],
-                    "text": c.text,
-                    "reward": rr.value,
-                    "reward_error": rr.error,
-                    "version": self.version,
-                }
-            )
+                prompts.append(examples[p].prompt)
+                seeds.append(sample_seed(self.spec.seed, step, examples[p].index, round_sample_number(round_, n, s)))
+                keys_.append((p, s))
+        pending: dict[int, dict[int, Any]] = {}
+        refused = 0
+        stream = self.engine.stream(prompts, seeds, self.sampling, stop=self._stopping)
+        try:
+            for j, c in stream:
+                p, s = keys_[j]
+                got = pending.setdefault(p, {})
+                got[s] = c
+                if len(got) < n:
+                    continue
+                del pending[p]
+                group, mine = self._journal_group(step, shard, p, examples[p], round_, [got[x] for x in range(n)])
+                have[p] = group
+                refused += not mine
+                if self.preempted_at is not None:
+                    break
+        finally:
+            stream.close()
+        if len(have) < len(examples):  # stopped early: preempted
+            return self._preempted_answer(step, shard, len(have), len(examples))
+        samples = [x for p in range(len(examples)) for x in have[p]["samples"]]
+        reward_errors = sum(x["reward_error"] is not None for x in samples)
+        tokens = sum(len(x["token_ids"]) for x in samples)
         secs = time.monotonic() - t0
-        meta = {"worker": self.index, "version": self.version, "seconds": secs, "round": round_}
+        version = min(int(g["version"]) for g in have.values())  # the oldest policy in it (staleness)
+        meta = {"worker": self.index, "version": version, "seconds": secs, "round": round_, "kept": kept,
+                "generated": len(todo) * n, "groups": [[have[p]["worker"], have[p]["version"]]
+                                                       for p in range(len(examples))]}  # fmt: skip
+        if refused:
+            meta["refused"] = refused  # groups another writer journaled first (a stealer, a zombie)
         ref: ShardRef = self.journal.write_shard(step, shard, samples, meta)
+        self.journal.drop_groups(step, shard)
         self.member.update(status="idle", shards_done=self.member.info.get("shards_done", 0) + 1)
         rewards = [x["reward"] for x in samples]
         return {
             "ref": ref.to_dict(),
             "bytes": os.path.getsize(ref.path),
-            "version": self.version,
+            "version": version,
             "reward_mean": sum(rewards) / len(rewards),
             "varied": sum(varied(rewards, n)),  # groups with a reward spread (dynamic sampling counts them)
             "reward_errors": reward_errors,
@@ -212,7 +279,58 @@ class RolloutWorker:
             "tokens": tokens,
             "seconds": secs,
             "worker": self.index,
+            "kept": kept,
+            "generated": len(todo) * n,
         }
+
+    def _group_key(self, ex: Any, round_: int) -> list[int]:
+        """What a journaled group must have been generated for to count as this one."""
+        return [ex.index, round_, self.spec.rollout.sampling.n]
+
+    def _journal_group(
+        self, step: int, shard: int, p: int, ex: Any, round_: int, outs: list[Any]
+    ) -> tuple[dict[str, Any], bool]:
+        """Score one finished prompt group and journal it; returns the group as journaled (ours,
+        or the first writer's when another got there first) and whether it is ours."""
+        if self.rewards is not None:
+            scored = self.rewards.score([(ex.prompt, c.text, ex.answer) for c in outs], self._progress)
+        else:
+            scored = [self.task.reward(ex, c.text) for c in outs]
+        samples = [
+            {
+                "prompt_index": ex.index,
+                "sample": s,
+                "prompt_ids": c.prompt_ids,
+                "token_ids": c.token_ids,
+                "logprobs": [x if math.isfinite(x) else None for x in c.logprobs],
+                "text": c.text,
+                "reward": rr.value,
+                "reward_error": rr.error,
+                "version": self.version,
+            }
+            for s, (c, rr) in enumerate(zip(outs, scored, strict=True))
+        ]
+        group = {"worker": self.index, "version": self.version, "key": self._group_key(ex, round_), "samples": samples}
+        self._progress()
+        for _ in range(2):
+            if self.journal.write_group(step, shard, p, group):
+                return group, True
+            theirs = self.journal.groups(step, shard).get(p)
+            if theirs is not None and theirs.get("key") == group["key"]:
+                return theirs, False
+            self.journal.drop_group(step, shard, p)  # another split's leftover: ours replaces it
+        raise RuntimeError(f"shard {step}/{shard}: group {p} could not be journaled (another writer keeps "
+                           "replacing it)")  # fmt: skip
+
+    def _stopping(self) -> bool:
+        return self.preempted_at is not None
+
+    def _preempted_answer(self, step: int, shard: int, done: int, groups: int) -> dict[str, Any]:
+        self.member.update(**self._preempted_fields())
+        print(f"rollout worker {self.index}: preempted on shard {step}/{shard} with {done} of {groups} groups "
+              "journaled", file=sys.stderr, flush=True)  # fmt: skip
+        return {"preempted": True, "worker": self.index, "groups_done": done, "groups": groups,
+                "preempted_at": self.preempted_at, "preempt_deadline": self._preempted_fields()["preempt_deadline"]}  # fmt: skip
 
     def evaluate(self, version: int, shard: int, lo: int, hi: int, token: int = 0) -> dict[str, Any]:
         """Evaluate the loaded policy on prompts ``lo..hi-1`` of the eval task (``spec.eval``;
@@ -220,6 +338,8 @@ class RolloutWorker:
         Nothing is journaled; returns sums the leader adds up over the eval's shards, and the
         policy version actually loaded (``version`` is the one the leader asked for)."""
         check_fence(self.fence, token, f"eval {version}/{shard}")
+        if self.preempted_at is not None:
+            return self._preempted_answer(version, shard, 0, hi - lo) | {"eval": True}
         ev = self.spec.eval
         if ev is None:
             raise RuntimeError("this job's spec has no eval section")

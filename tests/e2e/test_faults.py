@@ -386,6 +386,98 @@ def test_with_max_staleness_1_the_next_steps_rollouts_are_written_while_a_killed
                               [(round(t - t0, 2), s) for t, s in written[:6]])  # fmt: skip
 
 
+def _parts(work: Path, step: int) -> dict[str, bytes]:
+    """The prompt-group files of step ``step``'s shard 0 journaled so far (name -> content)."""
+    d = work / "journal" / f"step-{step:08d}" / "parts-0000"
+    out = {}
+    for f in sorted(d.glob("g-*.json")) if d.exists() else []:
+        try:
+            out[f.name] = f.read_bytes()
+        except FileNotFoundError:  # the shard completed meanwhile: its parts folder is gone
+            return {}
+    return out
+
+
+def _stop_halfway(platform: LivePlatform, job: str, work: Path, after: int, sig: int) -> tuple[int, dict[str, bytes]]:
+    """Once rollout worker 0 has journaled 1 or 2 of the 4 prompt groups of a shard of a step >=
+    ``after``: SIGSTOP it, read what it journaled, then send ``sig``. Returns (step, those groups)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        k = int(jobs.get(platform.store, job).state.get("step", 0))
+        for step in (k, k + 1):
+            if step < after or not 1 <= len(_parts(work, step)) <= 2:
+                continue
+            pid = _worker_pids(platform, job)["rollout/0"]
+            os.kill(pid, signal.SIGSTOP)
+            seen = _parts(work, step)
+            if not seen:  # it finished the shard just before the stop: try a later one
+                os.kill(pid, signal.SIGCONT)
+                continue
+            os.kill(pid, sig)
+            if sig != signal.SIGKILL:
+                os.kill(pid, signal.SIGCONT)  # a stopped process cannot handle its signal
+            return step, seen
+        time.sleep(0.01)
+    raise AssertionError("no shard was caught half-way")
+
+
+@pytest.mark.timeout(600)
+def test_a_rollout_worker_killed_half_way_keeps_its_groups_and_a_preempted_one_drains_without_a_fault(
+    platform: LivePlatform, tmp_path: Path
+) -> None:
+    """Streaming rollouts: each prompt group is journaled as it finishes (a reward of 50 ms a
+    sample makes a shard of 4 groups x 4 samples take about a second). SIGKILL the one rollout
+    worker with some of its shard's groups journaled: those are written once and kept, the
+    ``shard_resumed`` event's regenerated count is exactly the unfinished samples. Later SIGTERM
+    its successor mid-shard (a preemption): it drains inside ``fault.preempt_grace_s``, no fault
+    is counted (``max_restarts: 1`` would fail the job at a second), what it finished is kept.
+    SUCCEEDED, every step once, ``rrl verify``'s replay matches."""
+    import json
+
+    from checkpoints.journal import Journal
+
+    work = tmp_path / "stream"
+    work.mkdir(parents=True)
+    rows = work / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{i % 10}{i % 10}:", "answer": str(i)}) + "\n" for i in range(64)))
+    steps, n = 9, 4
+    spec = _spec("e2e-stream", work, steps=steps, task={"kind": "jsonl", "path": str(rows), "reward": "function",
+                 "reward_fn": "tests.unit.reward_fns:slow_parity"}, checkpoint={"dir": str(work), "every": 50},
+                 fault={"max_restarts": 1, "preempt_grace_s": 30})  # fmt: skip
+    spec["task"].pop("num_prompts")
+    job = platform.submit(spec)
+    _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
+    killed_at, before_kill = _stop_halfway(platform, job, work, 2, signal.SIGKILL)
+    _wait_event(platform, job, "shard_resumed")
+    termed_at, before_term = _stop_halfway(platform, job, work, killed_at + 2, signal.SIGTERM)
+    _assert_exactly_once_and_replay(platform, job, work, steps)
+
+    evs = events.read(platform.store, job, limit=1000)
+    faults = [e for e in evs if e["kind"] in ("rollout_fault", "rollout_hang")]
+    assert len(faults) == 1 and faults[0]["kind"] == "rollout_fault", faults  # the SIGKILL only
+    (pre,) = [e for e in evs if e["kind"] == "preempted"]
+    assert pre["worker"] == 0 and 0 <= pre["drained_s"] < 30, pre
+    resumed = {e["step"]: e for e in evs if e["kind"] == "shard_resumed"}
+    jr = Journal(work / "journal")
+    # the preempted worker also finished the group it was scoring at the signal (its samples were in)
+    assert len(before_term) <= pre["groups_done"] <= len(before_term) + 1 and pre["groups"] == 4, pre
+    for step, done in ((killed_at, len(before_kill)), (termed_at, pre["groups_done"])):
+        e, seen = resumed[step], before_kill if step == killed_at else before_term
+        # what the stopped worker had journaled is kept; exactly the unfinished samples are generated again
+        assert e["kept"] == done * n and e["regenerated"] == (4 - done) * n, (e, sorted(seen))
+        (ref,) = jr.batch(step) or []
+        samples = jr.read_shard(ref)["samples"]
+        for name, data in seen.items():
+            pos = int(name[2:6])
+            kept = json.loads(json.loads(data)["body"])["samples"]
+            assert samples[pos * n : (pos + 1) * n] == kept, (step, name)  # written once, not replaced
+        assert not (work / "journal" / f"step-{step:08d}" / "parts-0000").exists()
+    print(
+        f"\nkilled with {len(before_kill)}/4 groups journaled (step {killed_at}), preempted with "
+        f"{len(before_term)}/4 (step {termed_at}, drained in {pre['drained_s']}s)"
+    )
+
+
 @pytest.mark.timeout(600)
 def test_a_stopped_ddp_rank_is_found_by_its_lease_and_replaced_hot(platform: LivePlatform, tmp_path: Path) -> None:
     """World 2, DDP, hang_timeout 60 s: SIGSTOP rank 1 for 3 x hang_timeout. Ray still calls it

@@ -41,6 +41,14 @@ class Script:
     """Faults to inject (consumed as they fire) and what the fake workers saw."""
 
     kill_rollout_at: set[tuple[int, int]] = field(default_factory=set)  # (step, shard): its worker dies mid-shard
+    # (step, shard) -> groups: its worker journals that many of the groups it has to generate, then dies
+    kill_rollout_after: dict[tuple[int, int], int] = field(default_factory=dict)
+    # (step, shard) -> groups: its worker is preempted (SIGTERM) after journaling that many groups
+    preempt_rollout_at: dict[tuple[int, int], int] = field(default_factory=dict)
+    on_shard: Any = None  # called (worker, step, shard) as a shard starts
+    on_register: Any = None  # called (index) when a worker takes its membership key (starts, is promoted)
+    # (step, shard, position, serial, version) of every prompt group journaled (first writer only)
+    group_writes: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     hang_rollout_at: set[tuple[int, int]] = field(default_factory=set)  # (step, shard): its worker stops answering
     kill_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank dies in train_step
     # (step, rank): that rank dies after the step's collective, having applied it, before it returns
@@ -139,6 +147,8 @@ class FakeRollout:
         self.version = 0
         self.fence = 0
         self.serial = next(_serial)
+        if spare is None and self._script.on_register is not None:
+            self._script.on_register(index)
 
     def warm(self) -> dict[str, Any]:
         if self.spare is None:
@@ -155,6 +165,8 @@ class FakeRollout:
         check_fence(self.fence, token, "promote")
         assert self.spare is not None, "not a spare"
         self.fence, self.index, self.spare = token, index, None
+        if self._script.on_register is not None:
+            self._script.on_register(index)
         with self._script.lock:
             self._script.rollout_promoted.append((index, self.serial, version))
         if weights is not None:
@@ -180,6 +192,8 @@ class FakeRollout:
         s = self._script
         with s.lock:
             s.rounds.append((step, shard, round_, tuple(indices)))  # as the shard starts
+        if s.on_shard is not None:
+            s.on_shard(self.index, step, shard)
         if s.fire(s.kill_rollout_at, (step, shard)):
             _die(self)
         if s.fire(s.hang_rollout_at, (step, shard)):
@@ -192,19 +206,41 @@ class FakeRollout:
                     s.on_progress(self.index, step, shard)
                 time.sleep(0.1)
         n = self.spec.rollout.sampling.n
-        samples = [
-            {"prompt_index": i, "sample": j, "prompt_ids": [3], "token_ids": [4, 1], "logprobs": [0.0, 0.0],
-             "text": "x", "reward": min(1.0, self.version / 10) if s.reward is None else s.reward(step, round_, i, j),
-             "reward_error": None, "version": self.version}
-            for i in indices for j in range(n)
-        ]  # fmt: skip
-        ref = self.journal.write_shard(step, shard, samples, {"worker": self.index, "version": self.version})
+        # as the real worker: prompt groups journaled one by one (first writer wins), the ones a lost
+        # worker journaled kept
+        have = {p: g for p, g in self.journal.groups(step, shard).items() if g["key"] == [indices[p], round_, n]}
+        kept = sum(len(g["samples"]) for g in have.values())
+        todo = [p for p in range(len(indices)) if p not in have]
+        with s.lock:
+            dies_after = s.kill_rollout_after.pop((step, shard), None)
+            preempted_after = s.preempt_rollout_at.pop((step, shard), None)
+        for count, p in enumerate(todo):
+            if count == dies_after:
+                _die(self)
+            if count == preempted_after:
+                return {"preempted": True, "worker": self.index, "groups_done": len(have), "groups": len(indices),
+                        "preempted_at": time.time()}  # fmt: skip
+            i = indices[p]
+            samples = [{"prompt_index": i, "sample": j, "prompt_ids": [3], "token_ids": [4, 1], "logprobs": [0.0, 0.0],
+                        "text": "x", "reward_error": None, "version": self.version,
+                        "reward": min(1.0, self.version / 10) if s.reward is None else s.reward(step, round_, i, j)}
+                       for j in range(n)]  # fmt: skip
+            group = {"worker": self.index, "version": self.version, "key": [i, round_, n], "samples": samples}
+            if self.journal.write_group(step, shard, p, group):
+                with s.lock:
+                    s.group_writes.append((step, shard, p, self.serial, self.version))
+            have[p] = self.journal.groups(step, shard)[p]
+        samples = [x for p in range(len(indices)) for x in have[p]["samples"]]
+        version = min(g["version"] for g in have.values())
+        ref = self.journal.write_shard(step, shard, samples, {"worker": self.index, "version": version})
+        self.journal.drop_groups(step, shard)
         with s.lock:
             s.generated.append((step, shard, self.index))
             s.shards_by.append((step, shard, self.serial, self.version, time.monotonic()))
-        return {"ref": ref.to_dict(), "bytes": 100, "version": self.version, "reward_mean": 0.0, "reward_errors": 0,
+        return {"ref": ref.to_dict(), "bytes": 100, "version": version, "reward_mean": 0.0, "reward_errors": 0,
                 "reward_error": None, "samples": len(samples), "tokens": 2 * len(samples), "seconds": 0.0,
-                "worker": self.index, "varied": sum(varied([x["reward"] for x in samples], n))}  # fmt: skip
+                "worker": self.index, "varied": sum(varied([x["reward"] for x in samples], n)), "kept": kept,
+                "generated": len(todo) * n}  # fmt: skip
 
     def evaluate(self, version: int, shard: int, lo: int, hi: int, token: int = 0) -> dict[str, Any]:
         """Prompt i's samples score (i + version) % 2 (pass@k: the odd ones); hi clipped at 10 prompts."""

@@ -41,3 +41,22 @@ def test_a_tampered_shard_is_caught_on_read(tmp_path: Path) -> None:
     shard_file.write_bytes(shard_file.read_bytes().replace(b"0.5", b"0.9"))
     with pytest.raises(JournalCorrupt):
         j.read_batch(0)
+
+
+def test_a_prompt_group_is_journaled_once_first_writer_wins_and_a_corrupt_one_is_dropped(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    mine = {"worker": 0, "version": 3, "key": [7, 0, 2], "samples": [{"reward": 1.0}, {"reward": 0.0}]}
+    zombie = {**mine, "worker": 1, "samples": [{"reward": 0.5}]}  # a late copy that differs
+    assert j.write_group(4, 1, 0, mine) is True
+    assert j.write_group(4, 1, 0, zombie) is False  # refused: the first writer's stays
+    assert j.groups(4, 1) == {0: mine}
+    assert j.write_group(4, 1, 2, zombie) is True
+    assert sorted(j.groups(4, 1)) == [0, 2] and j.groups(4, 2) == {}
+    # a torn or tampered group file does not verify: it is removed, to be generated again
+    path = j.parts_dir(4, 1) / "g-0002.json"
+    path.write_bytes(path.read_bytes().replace(b"0.5", b"0.9"))
+    assert j.groups(4, 1) == {0: mine} and not path.exists()
+    assert j.write_group(4, 1, 2, mine) is True
+    j.drop_groups(4, 1)
+    assert j.groups(4, 1) == {} and not j.parts_dir(4, 1).exists()
+    j.drop_groups(4, 1)  # idempotent

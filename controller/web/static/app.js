@@ -252,7 +252,8 @@ function renderTable(id, rows, cells, rowClass) {
 // --- the event table: faults and recoveries first (the view's `category`), repeated snapshots folded
 
 const SHOWN = {
-  faults: new Set(["fault", "recovery", "job"]),
+  faults: new Set(["fault", "recovery", "preemption", "job"]),
+  preemptions: new Set(["preemption"]),
   scaling: new Set(["scaling", "job"]),
   snapshots: new Set(["snapshot"]),
   all: null,
@@ -291,7 +292,7 @@ function renderEvents() {
   const rows = foldSnapshots(lastEvents.slice().reverse().filter((e) => !which || which.has(e.category)));
   renderTable("timeline", rows,
     (e) => [new Date(e.time * 1000).toLocaleTimeString(), e.kind, e.message, faultDetails(e)],
-    (e) => (e.category === "fault" ? "fault" : e.category === "recovery" ? "recovery" : ""));
+    (e) => (e.category === "fault" || e.category === "recovery" || e.category === "preemption" ? e.category : ""));
   for (const tr of $("timeline").tBodies[0].rows) {
     const e = rows[tr.sectionRowIndex];
     if (e.count) tr.dataset.count = e.count;

@@ -1,0 +1,127 @@
+"""Streaming rollouts over the fake actor layer: a lost worker's finished prompt groups are
+kept and only the rest is generated again; a preempted worker (SIGTERM, a node drain) hands
+its shard over and is replaced without spending the fault budget.
+
+The fakes journal groups as the real worker does (``Journal.write_group``, first writer
+wins, see tests/helpers/fake_workers.py); the real worker's streaming and its SIGTERM
+handler are exercised by tests/e2e/test_faults.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpoints.journal import Journal
+from tests.helpers.fake_workers import Script
+from tests.unit.test_driver import Job
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 2  # samples per prompt (the spec's sampling.n in these jobs)
+
+
+def _job(tmp: Path, script: Script, steps: int = 3, **over: Any) -> Job:
+    # 8 prompts, 2 workers: 2 shards of 4 prompt groups per step
+    return Job(tmp, script, steps=steps, prompts_per_step=8, **over)
+
+
+def _groups_written(script: Script, step: int, shard: int) -> Counter[int]:
+    return Counter(p for s, sh, p, _, _ in script.group_writes if (s, sh) == (step, shard))
+
+
+def _check_batches(tmp: Path, steps: int) -> None:
+    """Every batch holds each of its shard's prompts exactly n times, nothing else."""
+    j = Journal(tmp / "work" / "journal")
+    for k in range(steps):
+        refs = j.batch(k)
+        assert refs is not None
+        for r in refs:
+            samples = j.read_shard(r)["samples"]
+            per_prompt = Counter(x["prompt_index"] for x in samples)
+            assert len(per_prompt) == 4 and set(per_prompt.values()) == {N}, (k, r.shard, per_prompt)
+        assert not any(p.name.startswith("parts-") for p in j.step_dir(k).iterdir())  # folded into the shards
+
+
+def test_a_lost_workers_finished_groups_are_kept_and_only_the_rest_is_generated_again(tmp_path: Path) -> None:
+    script = Script(kill_rollout_after={(1, 0): 2})  # dies with 2 of its 4 groups journaled
+    job = _job(tmp_path, script)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert len(job.events("rollout_fault")) == 1
+    written = _groups_written(script, 1, 0)
+    assert written == Counter({0: 1, 1: 1, 2: 1, 3: 1}), written  # each group journaled once
+    by = {p: serial for s, sh, p, serial, _ in script.group_writes if (s, sh) == (1, 0)}
+    assert by[0] == by[1] != by[2] == by[3]  # the lost worker's two, its successor's two
+    (resumed,) = job.events("shard_resumed")
+    assert (resumed["step"], resumed["shard"]) == (1, 0)
+    assert resumed["kept"] == 2 * N and resumed["regenerated"] == 2 * N  # regenerated == unfinished
+    _check_batches(tmp_path, 3)
+    assert job.c.state["weights_digest"] == "0,1,2"  # every step applied once
+
+
+def test_a_preempted_worker_hands_its_shard_over_without_spending_the_fault_budget(tmp_path: Path) -> None:
+    script = Script(preempt_rollout_at={(1, 0): 1})  # SIGTERM after its first group
+    job = _job(tmp_path, script, fault={"max_restarts": 0})  # a single fault would fail the job
+    job.lead()
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    assert job.events("rollout_fault") == [] and job.events("rollout_hang") == []
+    (pre,) = job.events("preempted")
+    assert pre["worker"] == 0 and "1 of 4 prompt groups of shard 1/0 journaled" in pre["message"], pre
+    assert pre["drained_s"] is not None and 0 <= pre["drained_s"] < pre["grace_s"]
+    (resumed,) = job.events("shard_resumed")
+    assert resumed["kept"] == 1 * N and resumed["regenerated"] == 3 * N
+    assert _groups_written(script, 1, 0) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+    (gone,) = {serial for s, sh, p, serial, _ in script.group_writes if (s, sh, p) == (1, 0, 0)}
+    after = [(s, sh) for s, sh, serial, _, _ in script.shards_by if serial == gone and (s, sh) >= (1, 0)]
+    assert after == [], after  # stopped at its notice: no shard from it after that
+    _check_batches(tmp_path, 3)
+    assert job.c.state["weights_digest"] == "0,1,2"
+
+
+def test_an_idle_worker_preempted_between_shards_is_replaced_at_once(tmp_path: Path) -> None:
+    """SIGTERM while idle: the worker marks itself ``preempted`` in membership; the driver reads
+    it within a second, stops it and starts another, no fault counted."""
+    script = Script(train_delay_s=0.4)
+    job = _job(tmp_path, script, steps=6, fault={"max_restarts": 0})  # long enough for a read a second
+
+    def mark(step: int, rank: int) -> None:
+        if step == 1 and rank == 0:  # rollout worker 1 gets its notice while the step trains
+            job.c.membership.setdefault("rollout", {})["1"] = {"status": "preempted", "preempted_at": time.time()}
+
+    script.on_train = mark
+    script.on_register = lambda i: job.c.membership.get("rollout", {}).pop(str(i), None)  # its successor's key
+    job.lead()
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    (pre,) = job.events("preempted")
+    assert pre["worker"] == 1 and "idle" in pre["message"] and pre["drained_s"] < 5
+    assert job.events("rollout_fault") == [] and job.events("shard_resumed") == []
+    # its place taken: by the warm spare (promoted to index 1), or by a new worker 1
+    replaced = [i for i, _, _ in script.rollout_promoted] + [1 for n in job.created("rollout")[2:] if n.endswith(":1")]
+    assert replaced == [1], (replaced, pre)
+    _check_batches(tmp_path, 6)
+
+
+def test_a_preempted_worker_that_exits_before_the_driver_asks_is_no_fault(tmp_path: Path) -> None:
+    """Its grace ran out mid-shard (the process is gone, as after a crash) but membership still says
+    ``preempted``: a preemption, not a fault; its journaled group is kept."""
+    script = Script(kill_rollout_after={(1, 1): 1})
+    job = _job(tmp_path, script, fault={"max_restarts": 0})
+
+    def notice(worker: int, step: int, shard: int) -> None:
+        if (step, shard) == (1, 1):
+            job.c.membership.setdefault("rollout", {})[str(worker)] = {"status": "preempted",
+                                                                       "preempted_at": time.time()}  # fmt: skip
+
+    script.on_shard = notice
+    script.on_register = lambda i: job.c.membership.get("rollout", {}).pop(str(i), None)
+    job.lead()
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    assert len(job.events("preempted")) == 1 and job.events("rollout_fault") == []
+    (resumed,) = job.events("shard_resumed")
+    assert resumed["kept"] == 1 * N and resumed["regenerated"] == 3 * N
+    assert _groups_written(script, 1, 1) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
