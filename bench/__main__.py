@@ -12,6 +12,7 @@ options). Every section prints its tables and writes ``bench/results/<section>.j
   cli           `rrl --help` start-up time
   sharded       DDP vs FSDP2 at world 2, ~105M params: peak memory per rank, step time, publish time
   lora          full training vs LoRA on one model: snapshot, shadow and weight-sync bytes, step time
+  balance       long-tail rollouts: shard-level vs small shards vs work stealing; generation lost per kill
 
 `make bench` runs `all` (about two hours on 2 cores); figures go into BENCHMARKS.md by hand.
 """
@@ -32,6 +33,7 @@ SECTIONS = {
     "cli": "bench.cli_startup",
     "sharded": "bench.sharded",
     "lora": "bench.lora",
+    "balance": "bench.rollout_balance",
 }
 
 

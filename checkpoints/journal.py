@@ -188,6 +188,42 @@ class Journal:
                 (d / n).unlink(missing_ok=True)
         return out
 
+    def claim(self, step: int, shard: int, pos: int, who: str) -> bool:
+        """Claim group ``pos`` of a shard for worker ``who`` before generating it (first claim wins), so
+        that two workers on one shard (an owner and its helper) do not both generate it. A claim is a
+        promise, not data: ``release`` drops a lost worker's, and a journaled group needs none."""
+        data = who.encode()
+        return bool(self._write(atomic_create, self.parts_dir(step, shard) / f"c-{pos:04d}", data))
+
+    def claims(self, step: int, shard: int) -> dict[int, str]:
+        """The shard's claims: position -> who."""
+        out = {}
+        d = self.parts_dir(step, shard)
+        try:
+            names = os.listdir(d)
+        except FileNotFoundError:
+            return out
+        for n in names:
+            if n.startswith("c-") and not n.endswith(".tmp"):
+                try:
+                    out[int(n[2:])] = (d / n).read_text()
+                except (FileNotFoundError, ValueError):
+                    continue
+        return out
+
+    def release(self, step: int, shard: int, who: str) -> int:
+        """Drop ``who``'s claims on a shard (it was lost, or stopped); returns how many."""
+        n = 0
+        for pos, w in self.claims(step, shard).items():
+            if w == who:
+                (self.parts_dir(step, shard) / f"c-{pos:04d}").unlink(missing_ok=True)
+                n += 1
+        return n
+
+    def shard_written(self, step: int, shard: int) -> bool:
+        """Whether a shard file of ``shard`` is in step ``step``'s folder (by anyone)."""
+        return any(self.step_dir(step).glob(f"shard-{shard:04d}-*.json"))
+
     def drop_group(self, step: int, shard: int, pos: int) -> None:
         (self.parts_dir(step, shard) / f"g-{pos:04d}.json").unlink(missing_ok=True)
 

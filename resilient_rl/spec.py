@@ -317,6 +317,15 @@ class RolloutSpec(_Section):
         why="each shard is a journal file and a task in flight; 4,096 per step is far past what load balancing needs",
         description="Shards a step's prompts are split into (default: one per replica).",
     )
+    groups_per_pass: int = Size(
+        0,
+        ge=0,
+        le=4096,
+        why="a pass is one engine batch of prompt groups; 4,096 groups is past any shard worth splitting",
+        description="Prompt groups a worker generates at once within its shard (0: the whole shard in one "
+        "pass). With a smaller pass an idle worker steals the unstarted groups of a busy worker's shard "
+        "from its end, so a long-tail shard no longer holds the step.",
+    )
     num_cpus: float = Size(1.0, gt=0, le=1024, why=_CPUS_WHY, description="CPUs Ray reserves for each rollout worker.")
     num_gpus: float = Size(0.0, ge=0, le=64, why=_CPUS_WHY, description="GPUs Ray reserves for each rollout worker.")
     kv_cache_gib: float = Size(

@@ -13,6 +13,13 @@ keeps the prompt groups the lost one journaled and generates only the rest (an e
 drain) answers its shard with what it finished, or is found ``preempted`` in membership
 while idle: its shard goes back the same way and the worker is replaced, no fault counted.
 
+Work stealing (``rollout.groups_per_pass`` > 0: a worker generates its shard a few prompt
+groups at a time): a worker left idle with nothing queued is sent a busy worker's shard to
+*help* with (``steal``): it takes the shard's unfinished groups from its end, journals them,
+and the owner, reading the journal before each pass, skips them. The owner still writes the
+shard file and its answer completes the shard; the helper's answer only frees it. A lost
+helper costs nothing but itself: the shard stays with its owner.
+
 Under dynamic sampling (``algorithm.dynamic_sampling``) a step's shards come in rounds:
 once every shard of a round is in, the step's groups with a reward spread are counted
 (each summary's ``varied``) and, while fewer than ``prompts_per_step`` and the extra
@@ -74,6 +81,7 @@ class InFlight:
     shard: Shard
     worker: int
     sent: float  # monotonic
+    steal: bool = False  # a second worker helping with the shard (its groups from the end), see dispatch
 
 
 class ShardScheduler:
@@ -95,6 +103,7 @@ class ShardScheduler:
         self._progress_read: tuple[float, dict[str, dict[str, Any]]] = (float("-inf"), {})  # see _progress_view
         self.shard_mb = 0.0  # the largest shard file so far (how much room a resume needs)
         self.lost: set[tuple[int, int]] = set()  # (step, shard) sent again after its worker was lost
+        self.helped: set[Shard] = set()  # shards a helper was sent to (once per owner: see _steal)
 
     # -- planning ----------------------------------------------------------------
 
@@ -193,6 +202,26 @@ class ShardScheduler:
                 ref = A.call(rollouts.workers[w], "evaluate", shard.step, shard.index, shard.prompts[0],
                              shard.prompts[-1] + 1, self.ctx.token)  # fmt: skip
             self.inflight[ref] = InFlight(shard, w, time.monotonic())
+        self._steal(rollouts)
+
+    def _steal(self, rollouts: RolloutGroup) -> None:
+        """Idle workers, nothing queued: each helps with the oldest in-flight training shard that has
+        more than one pass of groups and has had no helper since it was sent (see module doc)."""
+        per_pass = self.ctx.spec.rollout.groups_per_pass
+        if not per_pass or self.queue or self.evalq or not rollouts.idle or self.paused():
+            return
+        owners = sorted((f for f in self.inflight.values() if not f.steal and f.shard.round != EVAL
+                         and len(f.shard.prompts) > per_pass and f.shard not in self.helped), key=lambda f: f.sent)  # fmt: skip
+        for f in owners:
+            if not rollouts.idle:
+                return
+            w = min(rollouts.idle)
+            rollouts.idle.discard(w)
+            s = f.shard
+            ref = self.ctx.actors.call(rollouts.workers[w], "generate_shard", s.step, s.index, list(s.prompts),
+                                       self.ctx.token, s.round, True)  # fmt: skip
+            self.inflight[ref] = InFlight(s, w, time.monotonic(), steal=True)
+            self.helped.add(s)
 
     # -- evaluation (spec.eval) ------------------------------------------------------
 
@@ -238,9 +267,8 @@ class ShardScheduler:
             try:
                 result = self.ctx.actors.get(ref, timeout=0)
             except Exception as e:
-                if actor_died(e):  # the worker died: its shard goes back to the queue
-                    again.appendleft(f.shard)
-                    self.lost.add((f.shard.step, f.shard.index))
+                if actor_died(e):  # the worker died: its shard goes back to the queue (a helper's stays)
+                    self._requeue(f)
                     info = self._member(f.worker)
                     if info.get("status") == "preempted":  # it left on notice (its grace ran out): no fault
                         rollouts.preempted(f.worker, info, f"its shard {f.shard.step}/{f.shard.index} goes to another")
@@ -252,23 +280,27 @@ class ShardScheduler:
                 full = worker_cause(e)
                 if not isinstance(full, JournalFull):
                     raise
-                again.appendleft(f.shard)  # generated again once there is space
+                self.journal.release(f.shard.step, f.shard.index, str(f.worker))
+                if not f.steal:
+                    again.appendleft(f.shard)  # generated again once there is space
                 if f.worker in rollouts.workers:
                     rollouts.idle.add(f.worker)
                 self.pause(full)
                 continue
             if result.get("preempted"):  # it stopped on notice: what it finished is journaled, the rest goes on
-                again.appendleft(f.shard)
-                self.lost.add((f.shard.step, f.shard.index))
+                self._requeue(f)
                 rollouts.preempted(f.worker, result, f"{result.get('groups_done', 0)} of {result.get('groups', '?')} "
                                    f"prompt groups of shard {f.shard.step}/{f.shard.index} journaled, the rest goes "
                                    "to another worker")  # fmt: skip
                 continue
             if f.worker in rollouts.workers:
                 rollouts.idle.add(f.worker)
+            if f.steal:  # a helper's answer: the groups it journaled are in the owner's shard
+                continue
             if f.shard.round == EVAL:
                 self._eval_result(f.shard, result)
                 continue
+            self.helped.discard(f.shard)
             if (f.shard.step, f.shard.index) in self.lost:
                 self.lost.discard((f.shard.step, f.shard.index))
                 kept, regen = int(result.get("kept") or 0), int(result.get("generated") or 0)
@@ -280,6 +312,22 @@ class ShardScheduler:
             self.done.setdefault(f.shard.step, {})[f.shard.index] = result
             if len(self.done[f.shard.step]) == self.rounds[f.shard.step].shards:
                 self._round_done(f.shard.step)
+
+    def _requeue(self, f: InFlight) -> None:
+        """``f``'s worker is lost or leaving: its shard goes back to the front of its queue, unless
+        ``f`` was a helper (the owner has it; a helper still on a lost owner's shard writes no
+        shard file, so the shard goes back even then). Its claims on the shard's groups are
+        dropped: the worker still on the shard takes them over."""
+        if f.shard.round != EVAL:
+            self.journal.release(f.shard.step, f.shard.index, str(f.worker))
+        if f.steal:
+            return
+        self.helped.discard(f.shard)  # its next owner may have a helper of its own
+        if f.shard.round == EVAL:
+            self.evalq.appendleft(f.shard)
+            return
+        self.queue.appendleft(f.shard)
+        self.lost.add((f.shard.step, f.shard.index))
 
     def write_batches(self) -> None:
         """Write the manifest of every batch whose shards are all in but whose manifest is not
@@ -336,9 +384,7 @@ class ShardScheduler:
             if self._progressing(f, progress.get(str(f.worker))):
                 continue
             del self.inflight[ref]
-            (self.evalq if f.shard.round == EVAL else self.queue).appendleft(f.shard)
-            if f.shard.round != EVAL:
-                self.lost.add((f.shard.step, f.shard.index))
+            self._requeue(f)
             self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {f.worker} made no progress on shard "
                            f"{f.shard.step}/{f.shard.index} for {now - f.sent:.1f}s (limit {limit:g}s: "
                            "fault.hang_timeout + reward timeouts)", worker=f.worker, group="rollout",

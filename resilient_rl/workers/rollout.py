@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from checkpoints.journal import Journal, ShardRef
@@ -192,7 +193,7 @@ class RolloutWorker:
         return self.version
 
     def generate_shard(
-        self, step: int, shard: int, indices: list[int], token: int = 0, round_: int = 0
+        self, step: int, shard: int, indices: list[int], token: int = 0, round_: int = 0, steal: bool = False
     ) -> dict[str, Any]:
         """Generate ``n`` samples for each prompt index, score them, journal the shard.
         ``round_`` > 0: an extra round of dynamic sampling (fresh seeds, see ``algo/dynamic``).
@@ -204,6 +205,12 @@ class RolloutWorker:
         by this call); or, when this worker was preempted, ``{"preempted": True, ...}`` with
         the groups finished so far. A reward function that raises gives that sample reward 0
         and is recorded in the sample (``reward_error``).
+
+        The groups go in passes of ``rollout.groups_per_pass`` (0: one pass), the journal read
+        again before each: groups another worker finished meanwhile are not generated. With
+        ``steal`` this worker helps the one the shard was sent to: it takes the unfinished
+        groups from the shard's end, writes no shard file, stops once the shard file is there,
+        and answers ``{"stolen": groups it journaled, ...}``.
         """
         check_fence(self.fence, token, f"shard {step}/{shard}")
         if self.version < step - self.spec.async_.max_staleness:  # a load it was sent failed
@@ -213,54 +220,62 @@ class RolloutWorker:
         t0 = self._progress_at = time.monotonic()
         self._busy = True
         try:
-            return self._generate(step, shard, indices, round_, t0)
+            return self._generate(step, shard, indices, round_, t0, steal)
         finally:
             self._busy = False
 
-    def _generate(self, step: int, shard: int, indices: list[int], round_: int, t0: float) -> dict[str, Any]:
-        self.member.update(status="busy", step=step, shard=shard)
+    def _journaled(self, step: int, shard: int, examples: list[Any], round_: int) -> dict[int, dict[str, Any]]:
+        """The shard's groups in the journal: a lost worker's, a stealer's. A group of another split
+        of the step (a leftover of a leader that cut it differently) is not this shard's."""
+        return {p: g for p, g in self.journal.groups(step, shard).items()
+                if p < len(examples) and g.get("key") == self._group_key(examples[p], round_)}  # fmt: skip
+
+    def _generate(
+        self, step: int, shard: int, indices: list[int], round_: int, t0: float, steal: bool
+    ) -> dict[str, Any]:
+        self.member.update(status="busy", step=step, shard=shard, started_at=time.time())
         n = self.spec.rollout.sampling.n
         examples = [self.task.example(i) for i in indices]
-        # finished by a worker lost on this shard: kept (a group of another split of the step,
-        # a leftover of a leader that cut it differently, is not this shard's and is replaced)
-        have = {p: g for p, g in self.journal.groups(step, shard).items()
-                if p < len(examples) and g.get("key") == self._group_key(examples[p], round_)}  # fmt: skip
+        have = self._journaled(step, shard, examples, round_)
         kept = sum(len(g["samples"]) for g in have.values())
-        todo = [p for p in range(len(examples)) if p not in have]
-        prompts, seeds, keys_ = [], [], []
-        for p in todo:
-            for s in range(n):
-                prompts.append(examples[p].prompt)
-                seeds.append(sample_seed(self.spec.seed, step, examples[p].index, round_sample_number(round_, n, s)))
-                keys_.append((p, s))
-        pending: dict[int, dict[int, Any]] = {}
-        refused = 0
-        stream = self.engine.stream(prompts, seeds, self.sampling, stop=self._stopping)
-        try:
-            for j, c in stream:
-                p, s = keys_[j]
-                got = pending.setdefault(p, {})
-                got[s] = c
-                if len(got) < n:
-                    continue
-                del pending[p]
-                group, mine = self._journal_group(step, shard, p, examples[p], round_, [got[x] for x in range(n)])
+        per_pass = self.spec.rollout.groups_per_pass or len(examples)
+        order = list(reversed(range(len(examples)))) if steal else list(range(len(examples)))
+        refused = stolen = 0
+        me = str(self.index)
+        while self.preempted_at is None:
+            if steal and self.journal.shard_written(step, shard):
+                break  # the owner is done: what is left to take is nothing
+            have.update(self._journaled(step, shard, examples, round_))
+            if len(have) == len(examples):
+                break
+            claims = self.journal.claims(step, shard)
+            todo = [p for p in order if p not in have and claims.get(p, me) == me][:per_pass]
+            todo = [p for p in todo if claims.get(p) == me or self.journal.claim(step, shard, p, me)]
+            if not todo:
+                if steal:
+                    break  # the rest is claimed by the owner: nothing left to take
+                time.sleep(0.05)  # the rest is a helper's (or a lost one's, until the leader releases it)
+                self._progress()  # waiting on a helper that makes progress is not a hang
+                continue
+            for p, group, mine in self._pass(step, shard, examples, round_, todo, stop_if_written=steal):
                 have[p] = group
                 refused += not mine
-                if self.preempted_at is not None:
-                    break
-        finally:
-            stream.close()
-        if len(have) < len(examples):  # stopped early: preempted
-            return self._preempted_answer(step, shard, len(have), len(examples))
+                stolen += mine
+        if self.preempted_at is not None and (steal or len(have) < len(examples)):  # stopped early
+            return self._preempted_answer(step, shard, len(have), len(examples)) | {"stolen": stolen}
+        if steal:
+            self.member.update(status="idle")
+            return {"stolen": stolen, "worker": self.index, "step": step, "shard": shard,
+                    "seconds": time.monotonic() - t0}  # fmt: skip
         samples = [x for p in range(len(examples)) for x in have[p]["samples"]]
         reward_errors = sum(x["reward_error"] is not None for x in samples)
         tokens = sum(len(x["token_ids"]) for x in samples)
         secs = time.monotonic() - t0
         version = min(int(g["version"]) for g in have.values())  # the oldest policy in it (staleness)
+        generated = len(examples) * n - kept  # by this worker or a stealer
         meta = {"worker": self.index, "version": version, "seconds": secs, "round": round_, "kept": kept,
-                "generated": len(todo) * n, "groups": [[have[p]["worker"], have[p]["version"]]
-                                                       for p in range(len(examples))]}  # fmt: skip
+                "generated": generated, "groups": [[have[p]["worker"], have[p]["version"]]
+                                                   for p in range(len(examples))]}  # fmt: skip
         if refused:
             meta["refused"] = refused  # groups another writer journaled first (a stealer, a zombie)
         ref: ShardRef = self.journal.write_shard(step, shard, samples, meta)
@@ -280,8 +295,38 @@ class RolloutWorker:
             "seconds": secs,
             "worker": self.index,
             "kept": kept,
-            "generated": len(todo) * n,
+            "generated": generated,
         }
+
+    def _pass(
+        self, step: int, shard: int, examples: list[Any], round_: int, todo: list[int], stop_if_written: bool
+    ) -> Iterator[tuple[int, dict[str, Any], bool]]:
+        """Generate the groups at positions ``todo`` in one engine batch, journaling each as it is
+        finished: ``(position, group as journaled, whether ours)``. Stops early on a preemption."""
+        n = self.spec.rollout.sampling.n
+        prompts, seeds, keys_ = [], [], []
+        for p in todo:
+            for s in range(n):
+                prompts.append(examples[p].prompt)
+                seeds.append(sample_seed(self.spec.seed, step, examples[p].index, round_sample_number(round_, n, s)))
+                keys_.append((p, s))
+        pending: dict[int, dict[int, Any]] = {}
+        stream = self.engine.stream(prompts, seeds, self.sampling, stop=self._stopping)
+        try:
+            for j, c in stream:
+                p, s = keys_[j]
+                got = pending.setdefault(p, {})
+                got[s] = c
+                if len(got) < n:
+                    continue
+                del pending[p]
+                if stop_if_written and self.journal.shard_written(step, shard):
+                    return  # a stealer's group after the owner finished: nobody needs it
+                yield (p, *self._journal_group(step, shard, p, examples[p], round_, [got[x] for x in range(n)]))
+                if self.preempted_at is not None:
+                    return
+        finally:
+            stream.close()
 
     def _group_key(self, ex: Any, round_: int) -> list[int]:
         """What a journaled group must have been generated for to count as this one."""
@@ -326,6 +371,7 @@ class RolloutWorker:
         return self.preempted_at is not None
 
     def _preempted_answer(self, step: int, shard: int, done: int, groups: int) -> dict[str, Any]:
+        self.journal.release(step, shard, str(self.index))  # what it claimed and did not finish goes to others
         self.member.update(**self._preempted_fields())
         print(f"rollout worker {self.index}: preempted on shard {step}/{shard} with {done} of {groups} groups "
               "journaled", file=sys.stderr, flush=True)  # fmt: skip

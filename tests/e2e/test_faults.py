@@ -479,6 +479,38 @@ def test_a_rollout_worker_killed_half_way_keeps_its_groups_and_a_preempted_one_d
 
 
 @pytest.mark.timeout(600)
+def test_an_idle_rollout_worker_steals_groups_of_a_busy_workers_shard(platform: LivePlatform, tmp_path: Path) -> None:
+    """Work stealing with real workers: 2 rollout workers, one shard a step (so one of them has
+    nothing to do), ``groups_per_pass: 1``, a reward of 50 ms a sample. The idle worker helps
+    with the shard from its end (claims, then journals each group); the owner skips what it
+    took. Every step's shard holds groups of both workers, each prompt exactly n times, and
+    ``rrl verify``'s replay matches."""
+    import json
+
+    from checkpoints.journal import Journal
+
+    work = tmp_path / "steal"
+    work.mkdir(parents=True)
+    rows = work / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{i % 10}{i % 10}:", "answer": str(i)}) + "\n" for i in range(64)))
+    steps = 4
+    spec = _spec("e2e-steal", work, steps=steps, task={"kind": "jsonl", "path": str(rows), "reward": "function",
+                 "reward_fn": "tests.unit.reward_fns:slow_parity"}, checkpoint={"dir": str(work), "every": 50},
+                 rollout={"replicas": 2, "shards_per_step": 1, "groups_per_pass": 1})  # fmt: skip
+    spec["task"].pop("num_prompts")
+    job = platform.submit(spec)
+    _assert_exactly_once_and_replay(platform, job, work, steps)
+    jr = Journal(work / "journal")
+    writers = []
+    for k in range(steps):
+        (ref,) = jr.batch(k) or []
+        meta = jr.read_shard(ref)["meta"]
+        writers.append(sorted({w for w, _ in meta["groups"]}))
+        assert not (work / "journal" / f"step-{k:08d}" / "parts-0000").exists()
+    assert sum(w == [0, 1] for w in writers) >= steps - 1, writers  # helped (the first step's may start alone)
+
+
+@pytest.mark.timeout(600)
 def test_a_stopped_ddp_rank_is_found_by_its_lease_and_replaced_hot(platform: LivePlatform, tmp_path: Path) -> None:
     """World 2, DDP, hang_timeout 60 s: SIGSTOP rank 1 for 3 x hang_timeout. Ray still calls it
     alive; its membership lease expires, and the runner kills it well within hang_timeout + TTL

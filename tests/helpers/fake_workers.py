@@ -46,6 +46,10 @@ class Script:
     # (step, shard) -> groups: its worker is preempted (SIGTERM) after journaling that many groups
     preempt_rollout_at: dict[tuple[int, int], int] = field(default_factory=dict)
     on_shard: Any = None  # called (worker, step, shard) as a shard starts
+    group_delay_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (step, shard) -> seconds a group
+    stolen: list[tuple[int, int, int, int]] = field(default_factory=list)  # (step, shard, serial, groups) of helpers
+    # (step, shard): its helper dies holding its first claim (before it generates that group)
+    kill_helper_at: set[tuple[int, int]] = field(default_factory=set)
     on_register: Any = None  # called (index) when a worker takes its membership key (starts, is promoted)
     # (step, shard, position, serial, version) of every prompt group journaled (first writer only)
     group_writes: list[tuple[int, int, int, int, int]] = field(default_factory=list)
@@ -186,10 +190,12 @@ class FakeRollout:
         return self.version
 
     def generate_shard(
-        self, step: int, shard: int, indices: list[int], token: int = 0, round_: int = 0
+        self, step: int, shard: int, indices: list[int], token: int = 0, round_: int = 0, steal: bool = False
     ) -> dict[str, Any]:
         check_fence(self.fence, token, f"shard {step}/{shard}")
         s = self._script
+        if steal:
+            return self._help(step, shard, indices, round_)
         with s.lock:
             s.rounds.append((step, shard, round_, tuple(indices)))  # as the shard starts
         if s.on_shard is not None:
@@ -208,28 +214,28 @@ class FakeRollout:
         n = self.spec.rollout.sampling.n
         # as the real worker: prompt groups journaled one by one (first writer wins), the ones a lost
         # worker journaled kept
-        have = {p: g for p, g in self.journal.groups(step, shard).items() if g["key"] == [indices[p], round_, n]}
+        have = self._journaled(step, shard, indices, round_)
         kept = sum(len(g["samples"]) for g in have.values())
-        todo = [p for p in range(len(indices)) if p not in have]
         with s.lock:
             dies_after = s.kill_rollout_after.pop((step, shard), None)
             preempted_after = s.preempt_rollout_at.pop((step, shard), None)
-        for count, p in enumerate(todo):
-            if count == dies_after:
-                _die(self)
-            if count == preempted_after:
-                return {"preempted": True, "worker": self.index, "groups_done": len(have), "groups": len(indices),
-                        "preempted_at": time.time()}  # fmt: skip
-            i = indices[p]
-            samples = [{"prompt_index": i, "sample": j, "prompt_ids": [3], "token_ids": [4, 1], "logprobs": [0.0, 0.0],
-                        "text": "x", "reward_error": None, "version": self.version,
-                        "reward": min(1.0, self.version / 10) if s.reward is None else s.reward(step, round_, i, j)}
-                       for j in range(n)]  # fmt: skip
-            group = {"worker": self.index, "version": self.version, "key": [i, round_, n], "samples": samples}
-            if self.journal.write_group(step, shard, p, group):
-                with s.lock:
-                    s.group_writes.append((step, shard, p, self.serial, self.version))
-            have[p] = self.journal.groups(step, shard)[p]
+        count = 0
+        deadline = time.monotonic() + 20
+        while len(have) < len(indices):  # passes, as the real worker's: claimed, then generated
+            assert time.monotonic() < deadline, f"shard {step}/{shard}: groups claimed by a lost helper never freed"
+            todo = self._claim(step, shard, range(len(indices)), have)
+            if not todo:
+                time.sleep(0.01)  # the rest is a helper's
+            for p in todo:
+                if count == dies_after:
+                    _die(self)
+                if count == preempted_after:
+                    self.journal.release(step, shard, str(self.index))
+                    return {"preempted": True, "worker": self.index, "groups_done": len(have), "groups": len(indices),
+                            "preempted_at": time.time()}  # fmt: skip
+                count += 1
+                have[p] = self._group(step, shard, p, indices[p], round_)
+            have.update(self._journaled(step, shard, indices, round_))  # a helper's groups
         samples = [x for p in range(len(indices)) for x in have[p]["samples"]]
         version = min(g["version"] for g in have.values())
         ref = self.journal.write_shard(step, shard, samples, {"worker": self.index, "version": version})
@@ -240,7 +246,51 @@ class FakeRollout:
         return {"ref": ref.to_dict(), "bytes": 100, "version": version, "reward_mean": 0.0, "reward_errors": 0,
                 "reward_error": None, "samples": len(samples), "tokens": 2 * len(samples), "seconds": 0.0,
                 "worker": self.index, "varied": sum(varied([x["reward"] for x in samples], n)), "kept": kept,
-                "generated": len(todo) * n}  # fmt: skip
+                "generated": len(indices) * n - kept}  # fmt: skip
+
+    def _journaled(self, step: int, shard: int, indices: list[int], round_: int) -> dict[int, dict[str, Any]]:
+        n = self.spec.rollout.sampling.n
+        return {p: g for p, g in self.journal.groups(step, shard).items() if g["key"] == [indices[p], round_, n]}
+
+    def _group(self, step: int, shard: int, p: int, i: int, round_: int) -> dict[str, Any]:
+        """Generate and journal prompt group ``p`` (prompt ``i``); returns the journaled one (first writer's)."""
+        s, n = self._script, self.spec.rollout.sampling.n
+        time.sleep(s.group_delay_s.get((step, shard), 0.0))
+        samples = [{"prompt_index": i, "sample": j, "prompt_ids": [3], "token_ids": [4, 1], "logprobs": [0.0, 0.0],
+                    "text": "x", "reward_error": None, "version": self.version,
+                    "reward": min(1.0, self.version / 10) if s.reward is None else s.reward(step, round_, i, j)}
+                   for j in range(n)]  # fmt: skip
+        group = {"worker": self.index, "version": self.version, "key": [i, round_, n], "samples": samples}
+        if self.journal.write_group(step, shard, p, group):
+            with s.lock:
+                s.group_writes.append((step, shard, p, self.serial, self.version))
+        return self.journal.groups(step, shard)[p]
+
+    def _claim(self, step: int, shard: int, order: Any, have: dict[int, Any]) -> list[int]:
+        """The next pass: unjournaled groups in ``order`` not claimed by another worker, claimed."""
+        me, per_pass = str(self.index), self.spec.rollout.groups_per_pass or len(have) + len(order)
+        claims = self.journal.claims(step, shard)
+        todo = [p for p in order if p not in have and claims.get(p, me) == me][:per_pass]
+        return [p for p in todo if claims.get(p) == me or self.journal.claim(step, shard, p, me)]
+
+    def _help(self, step: int, shard: int, indices: list[int], round_: int) -> dict[str, Any]:
+        """A helper (work stealing): groups from the shard's end, a pass at a time, until the owner's
+        shard file is there or nothing is left."""
+        s, mine = self._script, 0
+        while not self.journal.shard_written(step, shard):
+            todo = self._claim(step, shard, list(reversed(range(len(indices)))),
+                               self._journaled(step, shard, indices, round_))  # fmt: skip
+            if not todo:
+                break
+            for p in todo:
+                if s.fire(s.kill_helper_at, (step, shard)):
+                    _die(self)  # holding its claim on p: the leader must release it for the owner
+                if self.journal.shard_written(step, shard):
+                    break
+                mine += self._group(step, shard, p, indices[p], round_)["worker"] == self.index
+        with s.lock:
+            s.stolen.append((step, shard, self.serial, mine))
+        return {"stolen": mine, "worker": self.index, "step": step, "shard": shard, "seconds": 0.0}
 
     def evaluate(self, version: int, shard: int, lo: int, hi: int, token: int = 0) -> dict[str, Any]:
         """Prompt i's samples score (i + version) % 2 (pass@k: the odd ones); hi clipped at 10 prompts."""
