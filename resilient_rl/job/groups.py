@@ -528,22 +528,26 @@ class TrainerGroup:
             self.ctx.check_leader()  # a deposed runner stops waiting at once
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
-    def restart(self, k: int, world: int, why: str, *, cause: str = "fault", resize: bool = False) -> Any:
-        """A rank died (or the world size changes, ``resize``): restart the whole group at step
-        ``k``. Returns the weights of version k (as :meth:`start`)."""
+    def restart(
+        self, k: int, world: int, why: str, *, cause: str = "fault", resize: bool = False, preempted: bool = False
+    ) -> Any:
+        """A rank died (or the world size changes, ``resize``; or a rank was preempted, which
+        spends no restart): restart the whole group at step ``k``. Returns the weights of
+        version k (as :meth:`start`)."""
         self.ctx.check_leader()
         t0 = time.monotonic()
-        self.ctx.event(Kind.TRAINER_RESTART, f"{why}: restarting {world} trainer ranks at step {k}",
-                       world=world, group="trainer", cause=cause, resize=resize, step=k,
-                       **({} if resize else {"recovery": "cold"}))  # fmt: skip
-        self.faults.restart("trainer", backoff=False)
+        self.ctx.event(Kind.PREEMPTED if preempted else Kind.TRAINER_RESTART,
+                       f"{why}: restarting {world} trainer ranks at step {k}", world=world, group="trainer",
+                       cause=cause, resize=resize, step=k, **({} if resize else {"recovery": "cold"}))  # fmt: skip
+        if not preempted:
+            self.faults.restart("trainer", backoff=False)
         weights = self.start_retrying(k, world)
         self.ctx.event(Kind.TRAINER_RECOVERED, f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",
                        seconds=round(time.monotonic() - t0, 2), world=world, group="trainer", resize=resize,
-                       **({} if resize else {"recovery": "cold"}))  # fmt: skip
+                       preempted=preempted, **({} if resize else {"recovery": "cold"}))  # fmt: skip
         return weights
 
-    def recover_hot(self, k: int, refs: list[Any], why: str, step_s: float = 0.0) -> bool:
+    def recover_hot(self, k: int, refs: list[Any], why: str, step_s: float = 0.0, *, preempted: bool = False) -> bool:
         """Hot recovery from lost ranks while train step ``k`` ran (``refs``, one per rank): the
         survivors keep their processes and state, re-form the process group with a new rank in
         each lost one's place, and send it their state (broadcast); the caller then trains step
@@ -552,12 +556,14 @@ class TrainerGroup:
         not ddp (fsdp shards live on the old mesh), a survivor that does not answer, or one
         whose state is not the committed step's (it may have applied step ``k``), or a newcomer
         whose state fingerprint differs from the survivors'. ``step_s``: the slowest train step
-        seen (a survivor's call ends when its step reaches the collective that fails)."""
+        seen (a survivor's call ends when its step reaches the collective that fails).
+        ``preempted``: the lost ranks were stopped on notice at a step boundary (the runner's
+        ``_hand_over``): a ``preempted`` event instead of a fault's, no restart spent."""
         A, c = self.actors, self.ctx
         if self.strategy != "ddp":
             return False
         if self.world == 1:
-            return self._recover_alone(k, refs[0], why)
+            return self._recover_alone(k, refs[0], why, preempted=preempted)
         wait_s = self.faults.survivor_wait_s(step_s)
         t_wait = time.monotonic()
         A.wait(refs, num_returns=len(refs), timeout=wait_s)
@@ -595,10 +601,13 @@ class TrainerGroup:
             return False
         t0 = time.monotonic()
         phases = {"survivors": round(t0 - t_wait, 3)}  # their calls ending, their answers, the sketch check
-        self.faults.restart("trainer", backoff=False)
-        c.event(Kind.TRAINER_RESTART, f"{why}: hot recovery of rank(s) {lost} at step {k}; the survivors "
-                f"{survivors} keep their state", world=self.world, group="trainer", cause="lost", resize=False, step=k,
-                recovery="hot", lost=lost, survivors=survivors, survivor_pids=[x["pid"] for x in status])  # fmt: skip
+        if not preempted:
+            self.faults.restart("trainer", backoff=False)
+        c.event(Kind.PREEMPTED if preempted else Kind.TRAINER_RESTART,
+                f"{why}: hot {'hand-over' if preempted else 'recovery'} of rank(s) {lost} at step {k}; the survivors "
+                f"{survivors} keep their state", world=self.world, group="trainer",
+                cause="preempted" if preempted else "lost", resize=False, step=k, recovery="hot", lost=lost,
+                survivors=survivors, survivor_pids=[x["pid"] for x in status], worker=lost[0])  # fmt: skip
         placement = self._placement()
         for i in lost:
             self.actors.kill(self.ranks[i])
@@ -639,11 +648,11 @@ class TrainerGroup:
         c.event(Kind.TRAINER_RECOVERED, f"trainer group whole again at step {k} in {secs}s (hot: rank(s) {lost} "
                 f"replaced, epoch {epoch})", seconds=secs, world=self.world, group="trainer", resize=False,
                 recovery="hot", epoch=epoch, fingerprint=prints[0]["fingerprint"][:16],
-                spares_used=len(promoted), phases=phases)  # fmt: skip
+                spares_used=len(promoted), phases=phases, preempted=preempted)  # fmt: skip
         self.fill_spares()
         return True
 
-    def _recover_alone(self, k: int, ref: Any, why: str) -> bool:
+    def _recover_alone(self, k: int, ref: Any, why: str, *, preempted: bool = False) -> bool:
         """Hot recovery at world 1, where no survivor holds the state: a warm spare becomes rank 0
         and loads the newest state from memory (the shadow copy) or, older, the snapshot, then
         replays the journal up to the committed step ``k`` (at most ``trainer.shadow_every``
@@ -666,9 +675,12 @@ class TrainerGroup:
             return False
         name, spare = taken
         t0 = time.monotonic()
-        self.faults.restart("trainer", backoff=False)
-        c.event(Kind.TRAINER_RESTART, f"{why}: hot recovery of rank 0 at step {k} by a warm spare", world=1,
-                group="trainer", cause="lost", resize=False, recovery="hot", lost=[0], survivors=[], step=k)  # fmt: skip
+        if not preempted:
+            self.faults.restart("trainer", backoff=False)
+        c.event(Kind.PREEMPTED if preempted else Kind.TRAINER_RESTART,
+                f"{why}: hot {'hand-over' if preempted else 'recovery'} of rank 0 at step {k} by a warm spare",
+                world=1, group="trainer", cause="preempted" if preempted else "lost", resize=False, recovery="hot",
+                lost=[0], survivors=[], step=k, worker=0)  # fmt: skip
         self.actors.kill(self.ranks[0])
         restore, s = choose_restore(c, k)
         shadow = self._usable_shadow(store, k, s, 1, self.strategy)
@@ -701,7 +713,8 @@ class TrainerGroup:
         c.event(Kind.TRAINER_RECOVERED, f"trainer back at step {k} in {secs}s (hot: a warm spare took rank 0 "
                 f"from {'the shadow copy' if shadow is not None else 'the snapshot'} of step {s}, epoch {epoch})",
                 seconds=secs, world=1, group="trainer", resize=False, recovery="hot", epoch=epoch,
-                spares_used=1, source="shadow" if shadow is not None else "snapshot", replayed=k - s)  # fmt: skip
+                spares_used=1, source="shadow" if shadow is not None else "snapshot", replayed=k - s,
+                preempted=preempted)  # fmt: skip
         self.fill_spares()
         return True
 

@@ -114,6 +114,7 @@ class JobRunner:
                               want=self._want, want_strategy=self._strategy, stopped=self._stop)  # fmt: skip
         self.faults = FaultPolicy(self.ctx)
         self.leases = LeaseWatch(self.spec.fault.lease_ttl)  # trainer ranks' membership (see _lease_lost)
+        self.preempted_ranks: set[int] = set()  # trainer ranks that got a preemption notice (see _hand_over)
         self.committer = StepCommitter(self.ctx)
         self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
         self._thread.start()
@@ -268,6 +269,11 @@ class JobRunner:
             shards.dispatch(rollouts)
             shards.write_batches()
             if train is None and self.paused is None and (batch := shards.batch(k)) is not None:
+                if self.preempted_ranks:  # a step boundary: hand the leaving rank's place over first
+                    self._hand_over(k)
+                    snaps = SnapshotFlow(self.ctx, self.trainers)
+                    self.leases.reset()
+                    continue
                 train = self._train(k, batch)
             ready = self._wait([*shards.refs(), *(train.refs if train else []), *snaps.waits, *rollouts.refs()])
             snaps.poll()
@@ -433,6 +439,40 @@ class JobRunner:
         w = self.trainers.restart(train.step, self.trainers.world, why, cause=cause)
         self.weights = w if w is not None else self.weights  # re-published: the old owner may be gone
 
+    def _hand_over(self, k: int) -> None:
+        """Trainer ranks got a preemption notice (SIGTERM: ``TrainerRank`` marks ``preempted_at`` in
+        membership and leaves by itself after ``fault.preempt_grace_s``): at this step boundary,
+        before step ``k`` trains, stop them and put others in their place by the hot path (a warm
+        spare or a new process gets a survivor's state; at world 1 the spare loads the shadow copy),
+        else the cold path (the group restarts from the shadow copy or a snapshot). No restart is
+        spent from the fault budget: a preemption is not a fault."""
+        ranks = sorted(self.preempted_ranks)
+        self.preempted_ranks = set()
+        A, t = self.actors, self.trainers
+        why = f"trainer rank(s) {ranks} preempted"
+        for i in ranks:
+            A.kill(t.ranks[i])
+        # what a step's calls would say: the leaving ranks' fail (the actor died), the others' answer
+        probe = Training(k, [A.call(r, "adopt", self.token, self.spec.digest()) for r in t.ranks], time.monotonic(),
+                         time.time())  # fmt: skip
+        A.wait(probe.refs, num_returns=len(probe.refs), timeout=30)
+        hot = ""
+        if self.spec.trainer.hot_recovery:
+            try:
+                hot = None if t.recover_hot(k, probe.refs, why, self.slowest_train_s, preempted=True) else ""
+            except (NotLeader, JobFailed):
+                raise
+            except Exception as e:
+                self.ctx.raise_if_stale(e)
+                hot = describe_error(e)
+            if hot is None:
+                hot = self._publish_again()
+                if hot is None:
+                    return
+        w = t.restart(k, t.world, why + (f"; hot hand-over failed ({hot})" if hot else ""), cause="preempted",
+                      preempted=True)  # fmt: skip
+        self.weights = w if w is not None else self.weights
+
     def _whole_on_rank0(self, train: Training) -> dict[str, Any] | None:
         """Rank 0's result of ``train`` if it returns one although a peer died (the peer died
         after the step's last collective), else None. Only where the hot path could follow
@@ -461,9 +501,12 @@ class JobRunner:
         if not self.leases.due(now):
             return False
         try:
-            gone = self.leases.observe(self.ctx.members("trainer"), now)
+            members = self.ctx.members("trainer")
         except EtcdError:
             return False  # etcd unreachable: no news from this channel
+        gone = self.leases.observe(members, now)
+        self.preempted_ranks = {int(w) for w, info in members.items()
+                                if w.isdigit() and int(w) < self.trainers.world and info.get("preempted_at")}  # fmt: skip
         ranks = {int(w): secs for w, secs in gone.items() if w.isdigit() and int(w) < self.trainers.world}
         if not ranks or not training:
             return False
@@ -549,7 +592,8 @@ class JobRunner:
         want, strategy = self._want("trainer"), self._strategy()
         resize = whole and (want != self.trainers.world or strategy != self.trainers.strategy)
         nxt = None
-        if whole and not resize and not snaps.due(k + 1) and k + 1 < self.spec.steps and self.paused is None:
+        if (whole and not resize and not snaps.due(k + 1) and k + 1 < self.spec.steps and self.paused is None
+                and not self.preempted_ranks):  # a leaving rank is replaced at the boundary first  # fmt: skip
             self.shards.write_batches()
             if (batch := self.shards.batch(k + 1)) is not None:
                 nxt = self._train(k + 1, batch)

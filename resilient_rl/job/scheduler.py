@@ -270,7 +270,7 @@ class ShardScheduler:
                 if actor_died(e):  # the worker died: its shard goes back to the queue (a helper's stays)
                     self._requeue(f)
                     info = self._member(f.worker)
-                    if info.get("status") == "preempted":  # it left on notice (its grace ran out): no fault
+                    if info.get("preempted_at"):  # it left on notice (its grace ran out): no fault
                         rollouts.preempted(f.worker, info, f"its shard {f.shard.step}/{f.shard.index} goes to another")
                         continue
                     self.faults.detected(classify("rollout", error=e, worker=f.worker))
@@ -406,7 +406,7 @@ class ShardScheduler:
         view = self._progress_view(now)
         for w in sorted(rollouts.idle):
             info = view.get(str(w)) or {}
-            if info.get("status") == "preempted":
+            if info.get("preempted_at"):  # (a field: a status update of the worker's may come after it)
                 rollouts.preempted(w, info, "it was idle")
                 self._progress_read = (float("-inf"), {})  # its replacement's record is read afresh
 

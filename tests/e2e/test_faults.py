@@ -431,7 +431,9 @@ def test_a_rollout_worker_killed_half_way_keeps_its_groups_and_a_preempted_one_d
     ``shard_resumed`` event's regenerated count is exactly the unfinished samples. Later SIGTERM
     its successor mid-shard (a preemption): it drains inside ``fault.preempt_grace_s``, no fault
     is counted (``max_restarts: 1`` would fail the job at a second), what it finished is kept.
-    SUCCEEDED, every step once, ``rrl verify``'s replay matches."""
+    Then SIGTERM trainer rank 1: at the next step boundary its place goes to a new process with
+    rank 0's state (hot, no spare), no restart spent. SUCCEEDED, every step once, ``rrl
+    verify``'s replay matches."""
     import json
 
     from checkpoints.journal import Journal
@@ -440,7 +442,7 @@ def test_a_rollout_worker_killed_half_way_keeps_its_groups_and_a_preempted_one_d
     work.mkdir(parents=True)
     rows = work / "rows.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"{i % 10}{i % 10}:", "answer": str(i)}) + "\n" for i in range(64)))
-    steps, n = 9, 4
+    steps, n = 12, 4
     spec = _spec("e2e-stream", work, steps=steps, task={"kind": "jsonl", "path": str(rows), "reward": "function",
                  "reward_fn": "tests.unit.reward_fns:slow_parity"}, checkpoint={"dir": str(work), "every": 50},
                  fault={"max_restarts": 1, "preempt_grace_s": 30})  # fmt: skip
@@ -450,13 +452,21 @@ def test_a_rollout_worker_killed_half_way_keeps_its_groups_and_a_preempted_one_d
     killed_at, before_kill = _stop_halfway(platform, job, work, 2, signal.SIGKILL)
     _wait_event(platform, job, "shard_resumed")
     termed_at, before_term = _stop_halfway(platform, job, work, killed_at + 2, signal.SIGTERM)
+    _wait_event(platform, job, "preempted")
+    rank1 = _worker_pids(platform, job)["trainer/1"]
+    os.kill(rank1, signal.SIGTERM)
+    t_term = time.time()
     _assert_exactly_once_and_replay(platform, job, work, steps)
 
     evs = events.read(platform.store, job, limit=1000)
     faults = [e for e in evs if e["kind"] in ("rollout_fault", "rollout_hang")]
     assert len(faults) == 1 and faults[0]["kind"] == "rollout_fault", faults  # the SIGKILL only
-    (pre,) = [e for e in evs if e["kind"] == "preempted"]
-    assert pre["worker"] == 0 and 0 <= pre["drained_s"] < 30, pre
+    pre, rank = [e for e in evs if e["kind"] == "preempted"]
+    assert pre["group"] == "rollout" and pre["worker"] == 0 and 0 <= pre["drained_s"] < 30, pre
+    assert rank["group"] == "trainer" and rank["lost"] == [1] and rank["recovery"] == "hot", rank
+    assert rank["time"] - t_term < 30, rank  # handed over inside the grace period
+    assert not [e for e in evs if e["kind"] in ("trainer_restart", "trainer_hang")]  # no fault
+    assert [e["preempted"] for e in evs if e["kind"] == "trainer_recovered"] == [True]
     resumed = {e["step"]: e for e in evs if e["kind"] == "shard_resumed"}
     jr = Journal(work / "journal")
     # the preempted worker also finished the group it was scoring at the signal (its samples were in)

@@ -51,6 +51,7 @@ class Script:
     # (step, shard): its helper dies holding its first claim (before it generates that group)
     kill_helper_at: set[tuple[int, int]] = field(default_factory=set)
     on_register: Any = None  # called (index) when a worker takes its membership key (starts, is promoted)
+    on_rank: Any = None  # called (rank) when a trainer rank takes its membership key (starts, is promoted)
     # (step, shard, position, serial, version) of every prompt group journaled (first writer only)
     group_writes: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     hang_rollout_at: set[tuple[int, int]] = field(default_factory=set)  # (step, shard): its worker stops answering
@@ -329,6 +330,8 @@ class FakeTrainer:
         spare: int | None = None,
     ) -> None:
         self.rank, self.world, self.spare = rank, world, spare
+        if spare is None and self._script.on_rank is not None:
+            self._script.on_rank(rank)
         self.spec = JobSpec.model_validate_json(spec_json)
         self.warmed = False
         self.strategy = strategy or "ddp"
@@ -381,6 +384,8 @@ class FakeTrainer:
         check_fence(self.fence, token, "promote")
         assert self.spare is not None and self.warmed
         self.rank, self.world, self.spare = rank, world, None
+        if self._script.on_rank is not None:
+            self._script.on_rank(rank)
         if src is not None:
             self._receive(master)
         elif restore:  # world 1: from the snapshot (the fakes keep no shadow copy)

@@ -180,3 +180,46 @@ def test_a_lost_owner_whose_shard_has_a_helper_is_sent_again_and_keeps_both_work
     assert _groups_written(script, 1, 0) == Counter({0: 1, 1: 1, 2: 1, 3: 1})  # nothing journaled twice
     _check_batches(tmp_path, 3)
     assert job.c.state["weights_digest"] == "0,1,2"
+
+
+# -- a trainer rank preempted (SIGTERM: TrainerRank marks preempted_at in membership) ------------
+
+
+def _preempt_rank(job: Job, rank: int, at_step: int) -> None:
+    """Rank ``rank`` gets its notice during step ``at_step``; its successor's registration replaces the record."""
+    both = {"0": {"status": "training"}, "1": {"status": "training"}}
+    job.c.membership["trainer"] = {w: dict(v) for w, v in both.items()}
+
+    def notice(step: int, r: int) -> None:
+        if step == at_step and r == rank:
+            job.c.membership["trainer"][str(rank)] = {"status": "training", "preempted_at": time.time()}
+
+    def registered(r: int) -> None:
+        job.c.membership.setdefault("trainer", {})[str(r)] = {"status": "ready"}
+
+    job.script.on_train = notice
+    job.script.on_rank = registered
+
+
+@pytest.mark.parametrize("spares", [1, 0])
+def test_a_preempted_trainer_rank_is_handed_over_at_the_step_boundary_without_a_fault(
+    tmp_path: Path, spares: int
+) -> None:
+    """World 2: the rank's place goes to a warm spare (or a new process) with a survivor's state, hot,
+    before the next step trains; nothing spent from the budget (max_restarts 0), every step once."""
+    script = Script(train_delay_s=0.3)
+    job = Job(tmp_path, script, steps=7, trainer={"spares": spares}, fault={"max_restarts": 0})
+    _preempt_rank(job, 1, 2)
+    job.lead()
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    (pre,) = job.events("preempted")
+    assert pre["group"] == "trainer" and pre["lost"] == [1] and pre["recovery"] == "hot", pre
+    assert job.events("trainer_restart") == [] and job.events("trainer_hang") == []
+    (back,) = job.events("trainer_recovered")
+    assert back["preempted"] is True and back["spares_used"] == spares
+    assert job.c.state["weights_digest"] == "0,1,2,3,4,5,6"  # every step applied once, in order
+    handed = pre["step"]
+    assert 3 <= handed <= 5, pre  # at a boundary soon after the notice (membership is read once a second)
+    trained_by = {serial for s, r, serial in script.trained if r == 1 and s >= handed}
+    assert len(trained_by) == 1 and trained_by.isdisjoint({serial for s, r, serial in script.trained
+                                                           if r == 1 and s < handed})  # fmt: skip
