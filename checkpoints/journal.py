@@ -197,7 +197,7 @@ class Journal:
 
     def claims(self, step: int, shard: int) -> dict[int, str]:
         """The shard's claims: position -> who."""
-        out = {}
+        out: dict[int, str] = {}
         d = self.parts_dir(step, shard)
         try:
             names = os.listdir(d)
