@@ -82,6 +82,10 @@ class Actors(Protocol):
     def connect(self, address: str | None) -> None:
         """Join the cluster at ``address`` once (None: start a local one)."""
 
+    def draining_nodes(self) -> dict[str, float]:
+        """Nodes being drained (a spot or preemptible node's notice through ``ray drain-node`` or the
+        autoscaler): node id (hex) -> the drain's deadline (epoch seconds, 0 for none)."""
+
 
 def create_fresh(
     actors: Actors, role: str, name: str, args: Sequence[Any], placement: Placement, *, within_s: float = 30.0
@@ -269,3 +273,10 @@ class RayActors:
 
     def connect(self, address: str | None) -> None:
         connect_ray(address)
+
+    def draining_nodes(self) -> dict[str, float]:
+        # Ray has no public call for it (2.60): the global state's, which Ray Serve's node
+        # cache also reads (ray/serve/_private/cluster_node_info_cache.py)
+        from ray._private.state import state
+
+        return {str(n): ms / 1000.0 for n, ms in state.get_draining_nodes().items()}

@@ -59,6 +59,7 @@ class RolloutGroup:
         self.promoting: dict[int, tuple[str, Any]] = {}  # index -> the spare taken for it, promoted at tick
         self.served_by: dict[int, str] = {}  # index -> the promoted spare serving it (its actor name)
         self._from_spare: dict[int, str] = {}  # index -> spare name, until its join is recorded
+        self.draining: dict[int, float] = {}  # index -> deadline: on a Ray node being drained (see drain)
 
     def _placement(self) -> Placement:
         r = self.ctx.spec.rollout
@@ -233,6 +234,26 @@ class RolloutGroup:
                        **({"spare": spare[0]} if spare else {}))  # fmt: skip
         self.waiting[i] = time.monotonic() + backoff
 
+    def drain(self, i: int, deadline: float) -> None:
+        """Worker ``i``'s Ray node is being drained (deadline: epoch seconds, 0 for none): it takes
+        no more work, and leaves as a preempted worker once it is idle (see :meth:`free`)."""
+        if i not in self.workers or i in self.draining:
+            return
+        self.draining[i] = deadline
+        left = f" (deadline in {deadline - time.time():.0f}s)" if deadline else ""
+        log.info("job %s: rollout worker %d is on a draining Ray node%s", self.ctx.job, i, left)
+        if i in self.idle:
+            self.preempted(i, {"preempted_at": time.time()}, f"its Ray node is draining{left}")
+
+    def free(self, i: int) -> None:
+        """Worker ``i`` answered its call: idle again, or it leaves if its node is draining."""
+        if i not in self.workers:
+            return
+        if i in self.draining:
+            self.preempted(i, {"preempted_at": time.time()}, "its Ray node is draining; its shard is in")
+            return
+        self.idle.add(i)
+
     def preempted(self, i: int, info: dict[str, Any], what: str) -> None:
         """Worker ``i`` was preempted (SIGTERM, a node drain: see ``RolloutWorker``) and has
         journaled what it finished (``what`` says how much; its shard, if any, is re-queued by the
@@ -240,6 +261,7 @@ class RolloutGroup:
         no restart is spent from the budget and there is no backoff."""
         self.ctx.check_leader()
         self.idle.discard(i)
+        self.draining.pop(i, None)
         for ref, (j, _) in list(self.joining.items()):
             if j == i:
                 del self.joining[ref]

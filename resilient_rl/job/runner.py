@@ -115,6 +115,7 @@ class JobRunner:
         self.faults = FaultPolicy(self.ctx)
         self.leases = LeaseWatch(self.spec.fault.lease_ttl)  # trainer ranks' membership (see _lease_lost)
         self.preempted_ranks: set[int] = set()  # trainer ranks that got a preemption notice (see _hand_over)
+        self._drains_read = 0.0  # when the draining Ray nodes were last asked for (see _drains)
         self.committer = StepCommitter(self.ctx)
         self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
         self._thread.start()
@@ -377,6 +378,7 @@ class JobRunner:
         rollouts.fill_spares()
         self.trainers.fill_spares()
         self._lease_lost(training=train is not None)
+        self._drains(now)
         self._pause_tick(busy=train is not None)
 
     def _train(self, k: int, batch: dict[int, dict[str, Any]]) -> Training:
@@ -438,6 +440,30 @@ class JobRunner:
                 why, cause = f"{why}; hot recovery failed ({hot})", "hot_failed"
         w = self.trainers.restart(train.step, self.trainers.world, why, cause=cause)
         self.weights = w if w is not None else self.weights  # re-published: the old owner may be gone
+
+    def _drains(self, now: float) -> None:
+        """Ray nodes being drained (a spot node's notice that reaches the cluster, ``ray drain-node``,
+        the autoscaler's preemption): their rollout workers take no more work and leave as a
+        preempted worker does once their shard is in; their trainer ranks are handed over at the
+        next step boundary (:meth:`_hand_over`). No fault is counted, also when the node goes
+        before a worker could leave. Asked at most once a second."""
+        if now - self._drains_read < 1.0:
+            return
+        self._drains_read = now
+        try:
+            nodes = self.actors.draining_nodes()
+            if not nodes:
+                return
+            rollout, trainer = self.ctx.members("rollout"), self.ctx.members("trainer")
+        except Exception as e:  # Ray's control store or etcd not answering: no news from this channel
+            self.ctx.raise_if_stale(e)
+            log.info("job %s: could not read the draining nodes: %s", self.job, describe_error(e))
+            return
+        for w, info in rollout.items():
+            if w.isdigit() and info.get("ray_node") in nodes:
+                self.rollouts.drain(int(w), nodes[info["ray_node"]])
+        self.preempted_ranks |= {int(w) for w, info in trainer.items() if w.isdigit() and int(w) < self.trainers.world
+                                 and info.get("ray_node") in nodes}  # fmt: skip
 
     def _hand_over(self, k: int) -> None:
         """Trainer ranks got a preemption notice (SIGTERM: ``TrainerRank`` marks ``preempted_at`` in
@@ -505,8 +531,8 @@ class JobRunner:
         except EtcdError:
             return False  # etcd unreachable: no news from this channel
         gone = self.leases.observe(members, now)
-        self.preempted_ranks = {int(w) for w, info in members.items()
-                                if w.isdigit() and int(w) < self.trainers.world and info.get("preempted_at")}  # fmt: skip
+        self.preempted_ranks |= {int(w) for w, info in members.items()
+                                 if w.isdigit() and int(w) < self.trainers.world and info.get("preempted_at")}  # fmt: skip
         ranks = {int(w): secs for w, secs in gone.items() if w.isdigit() and int(w) < self.trainers.world}
         if not ranks or not training:
             return False

@@ -270,7 +270,7 @@ class ShardScheduler:
                 if actor_died(e):  # the worker died: its shard goes back to the queue (a helper's stays)
                     self._requeue(f)
                     info = self._member(f.worker)
-                    if info.get("preempted_at"):  # it left on notice (its grace ran out): no fault
+                    if info.get("preempted_at") or f.worker in rollouts.draining:  # it left on notice: no fault
                         rollouts.preempted(f.worker, info, f"its shard {f.shard.step}/{f.shard.index} goes to another")
                         continue
                     self.faults.detected(classify("rollout", error=e, worker=f.worker))
@@ -283,8 +283,7 @@ class ShardScheduler:
                 self.journal.release(f.shard.step, f.shard.index, str(f.worker))
                 if not f.steal:
                     again.appendleft(f.shard)  # generated again once there is space
-                if f.worker in rollouts.workers:
-                    rollouts.idle.add(f.worker)
+                rollouts.free(f.worker)
                 self.pause(full)
                 continue
             if result.get("preempted"):  # it stopped on notice: what it finished is journaled, the rest goes on
@@ -293,8 +292,7 @@ class ShardScheduler:
                                    f"prompt groups of shard {f.shard.step}/{f.shard.index} journaled, the rest goes "
                                    "to another worker")  # fmt: skip
                 continue
-            if f.worker in rollouts.workers:
-                rollouts.idle.add(f.worker)
+            rollouts.free(f.worker)
             if f.steal:  # a helper's answer: the groups it journaled are in the owner's shard
                 continue
             if f.shard.round == EVAL:

@@ -132,3 +132,85 @@ def test_ray_node_hosting_a_rollout_worker_and_a_trainer_rank_is_removed(
     finally:
         ctl.stop()
         store.close()
+
+
+@pytest.mark.timeout(900)
+def test_a_drained_ray_node_hands_its_rollout_worker_and_trainer_rank_over_without_a_fault(
+    cluster: Any, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """A preemption notice that reaches the cluster, not the process: the node hosting a rollout
+    worker and a trainer rank is drained (``DrainNode``, reason preemption, a 60 s deadline, as
+    ``ray drain-node`` and the autoscaler send it). The leader sees it within a second: the
+    worker takes no more work and leaves once its shard is in, the rank is handed over hot at
+    the next step boundary; their successors start on a third node. Then the node goes. No
+    fault is counted (``max_restarts: 0``), every step once, weights equal to a replay."""
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    from resilient_rl.naming import NAMESPACE, actor_name
+
+    c, nodes, args = cluster
+    store = etcd.store()
+    home = tmp_path / "home"
+    env = {**ray_env(), "RRL_HOME": str(home)}
+    argv = [sys.executable, "-m", "resilient_rl.cli", "controller", "--etcd", etcd.endpoint, "--ray-address", c.address]
+    ctl = ManagedProcess.spawn("controller", argv, tmp_path / "controller.log", env=env)
+    try:
+        work = tmp_path / "job"
+        steps = 40
+        spec = parse_spec(
+            _spec("e2e-drain", work, rollout={"replicas": 2, "num_cpus": 1}, trainer={"replicas": 2, "num_cpus": 2},
+                  steps=steps, checkpoint={"dir": str(work), "every": 50}, fault={"max_restarts": 0})
+        )  # fmt: skip
+        job = spec.name
+        jobs.submit(store, job, spec.to_json(), {"rollout": 2, "trainer": 2})
+        deadline = time.monotonic() + 300
+        while (rec := jobs.get(store, job)).state.get("step", 0) < 3:
+            assert rec.phase not in jobs.TERMINAL, rec.state
+            assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
+            time.sleep(0.2)
+        members = _members(store, job)
+        ray.init(address=c.address, namespace=NAMESPACE, log_to_driver=False)
+        weights_node = ray.get(ray.get_actor(actor_name(job, "weights", 0)).node.remote(), timeout=60)
+        target = next(members[f"trainer/{r}"]["ray_node"] for r in (1, 0)
+                      if members[f"trainer/{r}"]["ray_node"] != weights_node)  # fmt: skip
+        on_target = sorted(n for n, info in members.items() if info["ray_node"] == target)
+        assert {n.split("/")[0] for n in on_target} == {"rollout", "trainer"}, members
+        c.add_node(**args, num_cpus=3)  # where their successors go
+        c.wait_for_nodes()
+        gcs = ray._raylet.GcsClient(address=c.address)
+        accepted, why = gcs.drain_node(target, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                       "e2e: spot notice", int(time.time() * 1000) + 60_000)  # fmt: skip
+        assert accepted, why
+        t_drain = time.time()
+        deadline = time.monotonic() + 60
+        while len([e for e in events.read(store, job, limit=2000) if e["kind"] == "preempted"]) < 2:
+            assert jobs.get(store, job).phase not in jobs.TERMINAL, jobs.get(store, job).state
+            assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
+            time.sleep(0.2)
+        took = time.time() - t_drain
+        c.remove_node(next(n for n in nodes if n.node_id == target), allow_graceful=True)  # the deadline's end
+
+        deadline = time.monotonic() + 600
+        while (rec := jobs.get(store, job)).phase not in jobs.TERMINAL:
+            assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
+            time.sleep(0.5)
+        assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+        assert [m["step"] for m in metrics(work)] == list(range(steps))
+        _check_journal(work, steps, 4, 4, 3)
+        evs = events.read(store, job, limit=2000)
+        pre = [e for e in evs if e["kind"] == "preempted"]
+        assert sorted(e["group"] for e in pre) == ["rollout", "trainer"], pre
+        assert not [e for e in evs if e["kind"] in ("rollout_fault", "rollout_hang", "trainer_restart", "trainer_hang")]
+        assert took < 60, took  # both handed over inside the drain's deadline
+        after = _members(store, job)
+        assert all(info["ray_node"] != target for info in after.values()), after
+        print(f"\ndrain to both hand-overs: {took:.1f}s; {[e['message'] for e in pre]}")
+
+        from resilient_rl.verify import replay_digest
+
+        digest = replay_digest(JobSpec.model_validate(rec.spec), steps, c.address, etcd.endpoint)
+        assert digest == rec.state["weights_digest"]
+    finally:
+        ctl.stop()
+        store.close()

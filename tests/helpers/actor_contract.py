@@ -164,4 +164,8 @@ def check_a_task_runs_a_function_elsewhere(actors: Any) -> None:
     assert actors.get(actors.task(_square, 7), timeout=60) == 49
 
 
+def check_no_node_drains_in_a_cluster_left_alone(actors: Any) -> None:
+    assert actors.draining_nodes() == {}
+
+
 CHECKS = [v for k, v in sorted(globals().items()) if k.startswith("check_")]

@@ -162,11 +162,15 @@ class FakeActors:
         self.created: list[tuple[str, float]] = []  # (name, monotonic time) of every create, in order
         self.killed: list[tuple[str, float]] = []
         self.calls: list[tuple[str, str, tuple[Any, ...]]] = []  # (actor, method, args) in send order
+        self.draining: dict[str, float] = {}  # node id -> deadline: what draining_nodes says (tests set it)
 
     # -- the protocol --------------------------------------------------------------
 
     def connect(self, address: str | None) -> None:
         pass
+
+    def draining_nodes(self) -> dict[str, float]:
+        return dict(self.draining)
 
     def create(self, role: str, name: str, args: Sequence[Any], placement: Any) -> _Actor:
         with self._cond:

@@ -17,4 +17,4 @@ def test_the_fake_keeps_the_contract(check: Any) -> None:
 
 
 def test_the_suite_covers_each_promise() -> None:
-    assert len(CHECKS) == 9
+    assert len(CHECKS) == 10

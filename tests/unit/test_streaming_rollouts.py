@@ -223,3 +223,37 @@ def test_a_preempted_trainer_rank_is_handed_over_at_the_step_boundary_without_a_
     trained_by = {serial for s, r, serial in script.trained if r == 1 and s >= handed}
     assert len(trained_by) == 1 and trained_by.isdisjoint({serial for s, r, serial in script.trained
                                                            if r == 1 and s < handed})  # fmt: skip
+
+
+# -- a Ray node drained (the notice reaches the cluster: Actors.draining_nodes) ------------------
+
+
+def test_a_drained_nodes_rollout_worker_and_trainer_rank_leave_without_a_fault(tmp_path: Path) -> None:
+    """Node "b" holds rollout worker 1 and trainer rank 1 and is drained during step 2: the worker
+    takes no more work and leaves once idle, the rank is handed over at the next step boundary;
+    their successors land elsewhere (node "c"). Nothing spent from the budget, every step once."""
+    script = Script(train_delay_s=0.3)
+    job = Job(tmp_path, script, steps=8, fault={"max_restarts": 0})
+    job.c.membership = {"rollout": {}, "trainer": {}}
+
+    def drain(step: int, rank: int) -> None:
+        if step == 2 and rank == 0:
+            job.layer.draining = {"b": time.time() + 60}
+
+    def registered(group: str, i: int) -> None:  # the first of each index on "a" or "b", successors on "c"
+        members = job.c.membership[group]
+        members[str(i)] = {"ray_node": "c" if str(i) in members else "ab"[i]}
+
+    script.on_train = drain
+    script.on_register = lambda i: registered("rollout", i)
+    script.on_rank = lambda r: registered("trainer", r)
+    job.lead()
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    pre = job.events("preempted")
+    assert sorted(e["group"] for e in pre) == ["rollout", "trainer"], pre
+    (w,) = [e for e in pre if e["group"] == "rollout"]
+    assert w["worker"] == 1 and "draining" in w["message"], w
+    (r,) = [e for e in pre if e["group"] == "trainer"]
+    assert r["lost"] == [1] and r["recovery"] == "hot", r
+    assert not [k for k in job.kinds() if k in ("rollout_fault", "rollout_hang", "trainer_restart", "trainer_hang")]
+    assert job.c.state["weights_digest"] == "0,1,2,3,4,5,6,7"
