@@ -4,8 +4,9 @@ report and the benchmarks all compute it here.
 ETTR (effective training time ratio) = committed steps x fault-free step time / wall time,
 capped at 1. The fault-free step time is the median ``step_seconds`` of the committed steps
 (robust to the slow steps around faults) unless a baseline is given. Lost work: steps
-replayed (``replay`` events), rollout samples regenerated (one shard per rollout fault or
-hang: the shard it had in flight, an upper bound), and the time in recovery (each fault
+replayed (``replay`` events), rollout samples regenerated (exactly, from ``shard_resumed``
+events: the samples the next worker generated again of a lost shard; a fault with no such
+event, a take-over's or an idle worker's, counts its shard whole: an upper bound), and the time in recovery (each fault
 to its recovery, from ``views.annotate``'s MTTR). Light: no worker imports.
 """
 
@@ -36,7 +37,9 @@ def lost(events: list[dict[str, Any]], samples_per_shard: float) -> dict[str, An
     replayed = sum(e["last"] - e["first"] + 1 for e in events if e.get("kind") == "replay"
                    and isinstance(e.get("first"), int) and isinstance(e.get("last"), int))  # fmt: skip
     lost_shards = sum(e.get("kind") in ("rollout_hang", "rollout_fault") for e in events)
-    return {"steps_replayed": replayed, "samples_regenerated_est": int(lost_shards * samples_per_shard)}
+    resumed = [e for e in events if e.get("kind") == "shard_resumed" and isinstance(e.get("regenerated"), int)]
+    est = sum(e["regenerated"] for e in resumed) + max(0, lost_shards - len(resumed)) * samples_per_shard
+    return {"steps_replayed": replayed, "samples_regenerated_est": int(est)}
 
 
 def samples_per_shard(spec: dict[str, Any]) -> float:

@@ -685,7 +685,7 @@ def events(
     etcd: EtcdOpt = None,
     api: ApiOpt = None,
 ) -> None:
-    """Print a job's event log (faults, recoveries, scaling, leader changes); -f follows it."""
+    """Print a job's event log (faults, recoveries, preemptions, scaling, leader changes); -f follows it."""
     _check_output(output)
     client = _api(etcd, api)
     last = -1

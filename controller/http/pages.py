@@ -70,6 +70,7 @@ def job(view: dict[str, Any]) -> str:
         tps=_num(s["tokens_per_s"], 0),
         failures=_e(s["failures"]),
         recoveries=_e(s["recoveries"]),
+        preemptions=_e(s["preemptions"]),
         want_rollout=_e(s["desired"].get("rollout") or 1),
         want_trainer=_e(s["desired"].get("trainer") or 1),
         initial=initial,

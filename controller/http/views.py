@@ -171,6 +171,7 @@ def summary(rec: JobRecord, events: list[dict[str, Any]], now: float | None = No
         "runtime_s": round(end - st["started_at"], 1) if st.get("started_at") else None,
         "failures": sum(1 for e in events if is_fault(e)),
         "recoveries": recovered_count(events),
+        "preemptions": sum(1 for e in events if e.get("kind") == Kind.PREEMPTED),  # drains, not faults
         "desired": {g: rec.desired.get(g) for g in ("rollout", "trainer")},
         "cancel_requested": bool(rec.desired.get("cancel")),
         "workers": {g: len(m) for g, m in rec.members.items()},

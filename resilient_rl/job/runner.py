@@ -472,9 +472,11 @@ class JobRunner:
         spare or a new process gets a survivor's state; at world 1 the spare loads the shadow copy),
         else the cold path (the group restarts from the shadow copy or a snapshot). No restart is
         spent from the fault budget: a preemption is not a fault."""
-        ranks = sorted(self.preempted_ranks)
-        self.preempted_ranks = set()
         A, t = self.actors, self.trainers
+        ranks = sorted(i for i in self.preempted_ranks if i < t.world)  # (a resize since may have dropped some)
+        self.preempted_ranks = set()
+        if not ranks:
+            return
         why = f"trainer rank(s) {ranks} preempted"
         for i in ranks:
             A.kill(t.ranks[i])

@@ -131,7 +131,8 @@ class RolloutWorker:
         if not self._busy:  # a busy worker marks itself once its shard has stopped (generate_shard)
             self.member.update(**self._preempted_fields())
         time.sleep(max(0.0, self.preempted_at + grace - time.time()) if self.preempted_at else grace)
-        self.member.close()  # the leader did not stop it in time: leave anyway
+        # the leader did not stop it in time: leave anyway; the key says preempted until its lease
+        # expires, so the leader counts the actor's death as the preemption it is, not a fault
         os._exit(0)
 
     def _preempted_fields(self) -> dict[str, Any]:

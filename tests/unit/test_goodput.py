@@ -42,6 +42,15 @@ def test_lost_work_and_time_in_recovery() -> None:
     assert g["steps_replayed"] == 3 and g["samples_regenerated_est"] == 2 * 16  # two shards of 8 x 4 / 2
 
 
+def test_samples_regenerated_are_counted_exactly_where_the_next_worker_said_so() -> None:
+    """A lost shard whose groups were partly journaled: its ``shard_resumed`` event says how many
+    samples were generated again; a fault without one (a take-over's) still counts its shard whole."""
+    evs = [{"kind": "rollout_fault", "worker": 0, "time": 10.0, "seq": 0},
+           {"kind": "shard_resumed", "kept": 10, "regenerated": 6, "time": 12.0, "seq": 1},
+           {"kind": "rollout_fault", "worker": 1, "time": 20.0, "seq": 2}]  # fmt: skip
+    assert goodput.lost(evs, 16)["samples_regenerated_est"] == 6 + 16
+
+
 def test_the_chaos_report_uses_the_same_definition() -> None:
     metrics = [{"step": i, "time": float(i + 1), "step_seconds": 1.0} for i in range(10)]
     metrics[5]["time"] = 30.0  # a slow step after a fault

@@ -374,6 +374,7 @@ function renderView(v) {
   $("tps").textContent = fmt(s.tokens_per_s, 0);
   $("failures").textContent = s.failures;
   $("recoveries").textContent = s.recoveries;
+  $("preemptions").textContent = s.preemptions;
   const g = v.goodput || {};
   $("ettr").textContent = fmt(g.ettr, 2) + " (" + fmt(g.ettr_last_hour, 2) + ")";
   $("goodput").textContent = "goodput: ETTR " + fmt(g.ettr, 3) + " since the first step, " + fmt(g.ettr_last_hour, 3) +
