@@ -237,8 +237,10 @@ class RolloutGroup:
     def drain(self, i: int, deadline: float) -> None:
         """Worker ``i``'s Ray node is being drained (deadline: epoch seconds, 0 for none): it takes
         no more work, and leaves as a preempted worker once it is idle (see :meth:`free`)."""
-        if i not in self.workers or i in self.draining:
+        if i not in self.workers or i in self.draining or i in self.waiting or i in self.promoting:
             return
+        if any(j == i for j, _ in self.joining.values()):
+            return  # not joined yet: the record read may still be its predecessor's, on the draining node
         self.draining[i] = deadline
         left = f" (deadline in {deadline - time.time():.0f}s)" if deadline else ""
         log.info("job %s: rollout worker %d is on a draining Ray node%s", self.ctx.job, i, left)

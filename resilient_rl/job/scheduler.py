@@ -416,8 +416,9 @@ class ShardScheduler:
             return {}
 
     def _progress_view(self, now: float) -> dict[str, dict[str, Any]]:
-        """The rollout group's member records, read at most once a second (only while a shard is
-        overdue); empty while etcd cannot be read (then the limit alone decides, as before)."""
+        """The rollout group's member records, read at most once a second (while a shard is overdue,
+        or a worker idle: a preemption notice); empty while etcd cannot be read (then the limit
+        alone decides, as before)."""
         if now - self._progress_read[0] >= 1.0:
             try:
                 self._progress_read = (now, self.ctx.members("rollout"))
