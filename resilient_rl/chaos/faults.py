@@ -173,6 +173,19 @@ def rollout_slow(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
     rec["note"] = f"{cycles} stop/continue cycles"
 
 
+def rollout_preempt(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
+    """SIGTERM a rollout worker, as a spot node's notice does: it drains (its finished groups kept,
+    the rest to others) and is replaced; no fault is counted."""
+    _hit(ctx, f, rec, "rollout", signal.SIGTERM)
+    rec["ended_at"] = rec["injected_at"]
+
+
+def trainer_preempt(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
+    """SIGTERM a trainer rank: handed over at the next step boundary; no fault is counted."""
+    _hit(ctx, f, rec, "trainer", signal.SIGTERM, prefer="ready")
+    rec["ended_at"] = rec["injected_at"]
+
+
 def trainer_kill(ctx: Ctx, f: Fault, rec: dict[str, Any]) -> None:
     _hit(ctx, f, rec, "trainer", signal.SIGKILL, prefer="ready")
     rec["ended_at"] = rec["injected_at"]
@@ -439,7 +452,9 @@ INJECTORS: dict[str, Callable[[Ctx, Fault, dict[str, Any]], None]] = {
     "rollout_kill": rollout_kill,
     "rollout_hang": rollout_hang,
     "rollout_slow": rollout_slow,
+    "rollout_preempt": rollout_preempt,
     "trainer_kill": trainer_kill,
+    "trainer_preempt": trainer_preempt,
     "trainer_hang": trainer_hang,
     "journal_full": journal_full,
     "reward_hang": reward_hang,

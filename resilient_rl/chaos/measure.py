@@ -38,8 +38,10 @@ DETECT: dict[str, tuple[str, ...]] = {
     "rollout_kill": ("rollout_fault", "rollout_hang"),
     "rollout_hang": ("rollout_hang", "rollout_fault"),
     "rollout_slow": ("rollout_hang", "rollout_fault"),
+    "rollout_preempt": ("preempted",),
     "trainer_kill": ("trainer_restart", "trainer_fault"),
     "trainer_hang": ("trainer_hang", "trainer_restart"),
+    "trainer_preempt": ("preempted",),
     "journal_full": ("paused",),
     "reward_hang": ("reward_errors",),
     "leader_kill": ("leader",),
@@ -56,8 +58,10 @@ RECOVER: dict[str, tuple[str, ...]] = {
     "rollout_kill": ("rollout_joined",),
     "rollout_hang": ("rollout_joined",),
     "rollout_slow": (),  # nothing to recover from unless declared hung (then rollout_joined, a new fault)
+    "rollout_preempt": ("rollout_joined",),
     "trainer_kill": ("trainer_recovered",),
     "trainer_hang": ("trainer_recovered",),
+    "trainer_preempt": ("trainer_recovered",),
     "journal_full": ("resumed",),
     "reward_hang": (),  # the worker survives: nothing to recover from
     "leader_kill": ("adopted",),
@@ -71,7 +75,7 @@ RECOVER: dict[str, tuple[str, ...]] = {
     "scale": ("rollout_joined", "trainer_recovered"),
 }
 # faults after which the hit process must leave membership for the group to count as restored
-_REPLACES = {"rollout_kill", "rollout_hang", "trainer_kill", "ray_node_remove"}
+_REPLACES = {"rollout_kill", "rollout_hang", "trainer_kill", "ray_node_remove", "rollout_preempt", "trainer_preempt"}
 
 
 def event_time(e: dict[str, Any]) -> float | None:

@@ -88,3 +88,11 @@ def test_durations() -> None:
     assert parse_duration("1h") == 3600 and parse_duration("1h30m") == 5400
     with pytest.raises(ValueError):
         parse_duration("soon")
+
+
+def test_every_fault_kind_has_an_injector_and_its_detection_and_recovery_events() -> None:
+    from resilient_rl.chaos.faults import INJECTORS
+    from resilient_rl.chaos.measure import DETECT, RECOVER
+
+    assert set(INJECTORS) == set(FAULT_KINDS) == set(DETECT) == set(RECOVER)
+    assert DETECT["rollout_preempt"] == DETECT["trainer_preempt"] == ("preempted",)  # a drain, not a fault
