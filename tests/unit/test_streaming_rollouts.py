@@ -190,8 +190,11 @@ def _preempt_rank(job: Job, rank: int, at_step: int) -> None:
     both = {"0": {"status": "training"}, "1": {"status": "training"}}
     job.c.membership["trainer"] = {w: dict(v) for w, v in both.items()}
 
+    sent: list[int] = []
+
     def notice(step: int, r: int) -> None:
-        if step == at_step and r == rank:
+        if step == at_step and r == rank and not sent:  # once (a replay trains the step again)
+            sent.append(step)
             job.c.membership["trainer"][str(rank)] = {"status": "training", "preempted_at": time.time()}
 
     def registered(r: int) -> None:
@@ -257,3 +260,27 @@ def test_a_drained_nodes_rollout_worker_and_trainer_rank_leave_without_a_fault(t
     assert r["lost"] == [1] and r["recovery"] == "hot", r
     assert not [k for k in job.kinds() if k in ("rollout_fault", "rollout_hang", "trainer_restart", "trainer_hang")]
     assert job.c.state["weights_digest"] == "0,1,2,3,4,5,6,7"
+
+
+def test_the_only_rank_preempted_without_a_spare_goes_the_cold_way_without_a_fault(tmp_path: Path) -> None:
+    """World 1, no spare: nobody holds the state in a process, so the group restarts from the
+    newest snapshot (+ replay) at the boundary, still as a preemption: nothing spent, exact."""
+    script = Script(train_delay_s=0.3)
+    job = Job(tmp_path, script, steps=6, trainer={"replicas": 1, "spares": 0}, fault={"max_restarts": 0})
+    job.c.membership["trainer"] = {"0": {"status": "training"}}
+
+    sent: list[int] = []
+
+    def notice(step: int, r: int) -> None:
+        if step == 2 and not sent:  # once: the cold path's replay trains step 2 again
+            sent.append(step)
+            job.c.membership["trainer"]["0"] = {"status": "training", "preempted_at": time.time()}
+
+    script.on_train = notice
+    script.on_rank = lambda r: job.c.membership["trainer"].__setitem__(str(r), {"status": "ready"})
+    job.lead()
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    (pre,) = job.events("preempted")
+    assert pre["group"] == "trainer" and pre["recovery"] == "cold", pre
+    assert job.events("trainer_restart") == []
+    assert job.c.state["weights_digest"] == "0,1,2,3,4,5"
