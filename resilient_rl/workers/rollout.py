@@ -243,18 +243,29 @@ class RolloutWorker:
         order = list(reversed(range(len(examples)))) if steal else list(range(len(examples)))
         refused = stolen = 0
         me = str(self.index)
+        # claims matter only where a helper may share the shard (groups_per_pass > 0); they are an
+        # economy, never a wait without end: a claim that no journaled group follows for
+        # fault.hang_timeout (a zombie's, made after the leader released its claims) is ignored
+        claiming = bool(self.spec.rollout.groups_per_pass)
+        waited_since: float | None = None
         while self.preempted_at is None:
             if steal and self.journal.shard_written(step, shard):
                 break  # the owner is done: what is left to take is nothing
+            before = len(have)
             have.update(self._journaled(step, shard, examples, round_))
             if len(have) == len(examples):
                 break
-            claims = self.journal.claims(step, shard)
+            if len(have) > before:
+                waited_since = None
+            stale = waited_since is not None and time.monotonic() - waited_since > self.spec.fault.hang_timeout
+            claims = self.journal.claims(step, shard) if claiming and not stale else {}
             todo = [p for p in order if p not in have and claims.get(p, me) == me][:per_pass]
-            todo = [p for p in todo if claims.get(p) == me or self.journal.claim(step, shard, p, me)]
+            if claiming and not stale:
+                todo = [p for p in todo if claims.get(p) == me or self.journal.claim(step, shard, p, me)]
             if not todo:
                 if steal:
                     break  # the rest is claimed by the owner: nothing left to take
+                waited_since = waited_since or time.monotonic()
                 time.sleep(0.05)  # the rest is a helper's (or a lost one's, until the leader releases it)
                 self._progress()  # waiting on a helper that makes progress is not a hang
                 continue
