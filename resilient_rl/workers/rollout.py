@@ -26,9 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -45,6 +43,7 @@ from ..spec import JobSpec, TaskSpec
 from .engines import Sampling, make_engine
 from .fencing import check_fence, exit_stale_policy, exit_superseded
 from .logcapture import capture
+from .preemption import Preemption
 from .transport import fetch
 
 log = logging.getLogger(__name__)
@@ -106,38 +105,21 @@ class RolloutWorker:
         print(f"{who} of job {job}: {r.engine} engine up in {self.engine_start_s}s (pid {os.getpid()})",
               file=sys.stderr, flush=True)  # fmt: skip
         self.member.update(status="ready" if spare is None else "spare", engine_start_s=self.engine_start_s)
-        self.preempted_at: float | None = None  # wall time of the SIGTERM that asked this worker to leave
         self._busy = False
-        try:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
-        except ValueError:  # not the main thread (a threaded actor): Ray's default, exit at once
-            log.warning("rollout worker %d: SIGTERM handler not installed (not the main thread)", index)
+        self.preemption = Preemption(self._who, self.spec.fault.preempt_grace_s, lambda: self.member,
+                                     spare=lambda: self.spare is not None,
+                                     mark=lambda: None if self._busy else self._preempted_fields())  # fmt: skip
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """A preemption notice: leave within ``fault.preempt_grace_s`` (see module doc). Only a
-        flag and a thread here: the main thread may hold a lock a handler must not wait on."""
-        if self.preempted_at is not None:
-            return
-        self.preempted_at = time.time()
-        threading.Thread(target=self._drain, name="rrl-preempt", daemon=True).start()
+    def _who(self) -> str:
+        return f"rollout worker {self.index}" if self.spare is None else f"rollout spare {self.spare}"
 
-    def _drain(self) -> None:
-        grace = self.spec.fault.preempt_grace_s
-        print(f"rollout worker {self.index} (pid {os.getpid()}): SIGTERM, draining (grace {grace:g}s)",
-              file=sys.stderr, flush=True)  # fmt: skip
-        if self.spare is not None:  # a spare holds no work: leave at once
-            self.member.close()
-            os._exit(0)
-        if not self._busy:  # a busy worker marks itself once its shard has stopped (generate_shard)
-            self.member.update(**self._preempted_fields())
-        time.sleep(max(0.0, self.preempted_at + grace - time.time()) if self.preempted_at else grace)
-        # the leader did not stop it in time: leave anyway; the key says preempted until its lease
-        # expires, so the leader counts the actor's death as the preemption it is, not a fault
-        os._exit(0)
+    @property
+    def preempted_at(self) -> float | None:
+        """Wall time of the SIGTERM that asked this worker to leave (see module doc)."""
+        return self.preemption.at
 
     def _preempted_fields(self) -> dict[str, Any]:
-        return {"status": "preempted", "preempted_at": self.preempted_at,
-                "preempt_deadline": (self.preempted_at or 0) + self.spec.fault.preempt_grace_s}  # fmt: skip
+        return {"status": "preempted", **self.preemption.fields()}
 
     def _register(self, group: str, worker: str, **fields: Any) -> Registration:
         return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, version=self.version,
@@ -387,8 +369,13 @@ class RolloutWorker:
         self.member.update(**self._preempted_fields())
         print(f"rollout worker {self.index}: preempted on shard {step}/{shard} with {done} of {groups} groups "
               "journaled", file=sys.stderr, flush=True)  # fmt: skip
-        return {"preempted": True, "worker": self.index, "groups_done": done, "groups": groups,
-                "preempted_at": self.preempted_at, "preempt_deadline": self._preempted_fields()["preempt_deadline"]}  # fmt: skip
+        return {
+            "preempted": True,
+            "worker": self.index,
+            "groups_done": done,
+            "groups": groups,
+            **self.preemption.fields(),
+        }
 
     def evaluate(self, version: int, shard: int, lo: int, hi: int, token: int = 0) -> dict[str, Any]:
         """Evaluate the loaded policy on prompts ``lo..hi-1`` of the eval task (``spec.eval``;

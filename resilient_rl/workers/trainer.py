@@ -20,7 +20,6 @@ import contextlib
 import io
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -42,6 +41,7 @@ from ..naming import NAMESPACE, actor_name
 from ..spec import JobSpec
 from .fencing import check_fence, exit_superseded
 from .logcapture import capture
+from .preemption import Preemption
 from .train_core import StepRejected, TrainCore, batch_tensors, behaviour_logprobs, weights_digest
 from .transport import ObjectStoreTransport
 
@@ -138,34 +138,19 @@ class TrainerRank:
         self._shadow_buf: dict[str, torch.Tensor] = {}  # staging of the shadow copy, reused
         self._shadow_send: threading.Thread | None = None  # the copy being handed to the store
         self.shadow_blocking_s: float | None = None  # what the newest shadow copy cost the step
-        self.preempted_at: float | None = None  # wall time of the SIGTERM that asked this rank to leave
-        try:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
-        except ValueError:  # not the main thread: Ray's default (exit at once) stays
-            print(f"trainer rank {rank}: SIGTERM handler not installed (not the main thread)", file=sys.stderr)
+        # SIGTERM marks preempted_at in membership, so that the leader hands this rank's place over
+        # at the next step boundary (JobRunner._hand_over: a warm spare or a new process gets a
+        # survivor's state; no fault counted); see .preemption
+        self.preemption = Preemption(self._who, self.spec.fault.preempt_grace_s, lambda: self.member,
+                                     spare=lambda: self.spare is not None, mark=lambda: self.preemption.fields())  # fmt: skip
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """A preemption notice (a spot node's SIGTERM, a drain): mark ``preempted_at`` in membership
-        so that the leader hands this rank's place over at the next step boundary (``JobRunner.
-        _hand_over``: a warm spare or a new process gets a survivor's state; no fault counted), and
-        leave by itself after ``fault.preempt_grace_s`` if it has not been stopped by then. Only a
-        flag and a thread here: the main thread may hold a lock a handler must not wait on."""
-        if self.preempted_at is not None:
-            return
-        self.preempted_at = time.time()
-        threading.Thread(target=self._drain, name="rrl-preempt", daemon=True).start()
+    def _who(self) -> str:
+        return f"trainer rank {self.rank}" if self.spare is None else f"trainer spare {self.spare}"
 
-    def _drain(self) -> None:
-        grace = self.spec.fault.preempt_grace_s
-        who = f"trainer rank {self.rank}" if self.spare is None else f"trainer spare {self.spare}"
-        print(f"{who} (pid {os.getpid()}): SIGTERM, leaving within {grace:g}s", file=sys.stderr, flush=True)
-        if self.spare is not None:  # a spare holds nothing the job needs: leave at once
-            self.member.close()
-            os._exit(0)
-        at = self.preempted_at or time.time()
-        self.member.update(preempted_at=at, preempt_deadline=at + grace)
-        time.sleep(max(0.0, at + grace - time.time()))
-        os._exit(0)  # not stopped in time: its key says preempted until its lease expires (no fault)
+    @property
+    def preempted_at(self) -> float | None:
+        """Wall time of the SIGTERM that asked this rank to leave."""
+        return self.preemption.at
 
     def _register(self, group: str, worker: str, **fields: Any) -> Registration:
         return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, world=self.world,

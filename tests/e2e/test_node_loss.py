@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +63,56 @@ def _members(store: Any, job: str) -> dict[str, dict[str, Any]]:
     return {f"{g}/{w}": info for g, ws in m.items() for w, info in ws.items()}
 
 
+@contextmanager
+def _controller(c: Any, etcd: EtcdServer, tmp_path: Path) -> Iterator[Any]:
+    """This test's own controller on the cluster (the session platform's would take the job);
+    yields a store client."""
+    store = etcd.store()
+    env = {**ray_env(), "RRL_HOME": str(tmp_path / "home")}
+    argv = [sys.executable, "-m", "resilient_rl.cli", "controller", "--etcd", etcd.endpoint, "--ray-address", c.address]
+    ctl = ManagedProcess.spawn("controller", argv, tmp_path / "controller.log", env=env)
+    try:
+        yield store
+    finally:
+        ctl.stop()
+        store.close()
+
+
+def _until(cond: Any, store: Any, job: str, tmp_path: Path, timeout: float, every: float = 0.2) -> None:
+    """Wait for ``cond()``; the controller's log on a timeout, the job's state if it ended first."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        rec = jobs.get(store, job)
+        assert rec.phase not in jobs.TERMINAL, rec.state
+        assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
+        time.sleep(every)
+
+
+def _finish(store: Any, job: str, tmp_path: Path, steps: int) -> Any:
+    """Wait for the job's end: SUCCEEDED, every step once in the metrics and the journal."""
+    deadline = time.monotonic() + 600
+    while (rec := jobs.get(store, job)).phase not in jobs.TERMINAL:
+        assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
+        time.sleep(0.5)
+    assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+    assert [m["step"] for m in metrics(tmp_path / "job")] == list(range(steps))
+    _check_journal(tmp_path / "job", steps, 4, 4, 3)
+    return rec
+
+
+def _check_replay(rec: Any, steps: int, c: Any, etcd: EtcdServer) -> None:
+    from resilient_rl.verify import replay_digest
+
+    digest = replay_digest(JobSpec.model_validate(rec.spec), steps, c.address, etcd.endpoint)
+    assert digest == rec.state["weights_digest"]
+
+
 @pytest.mark.timeout(900)
 def test_ray_node_hosting_a_rollout_worker_and_a_trainer_rank_is_removed(
     cluster: Any, etcd: EtcdServer, tmp_path: Path
 ) -> None:
     c, nodes, args = cluster
-    store = etcd.store()
-    home = tmp_path / "home"
-    env = {**ray_env(), "RRL_HOME": str(home)}
-    argv = [sys.executable, "-m", "resilient_rl.cli", "controller", "--etcd", etcd.endpoint, "--ray-address", c.address]
-    ctl = ManagedProcess.spawn("controller", argv, tmp_path / "controller.log", env=env)
-    try:
+    with _controller(c, etcd, tmp_path) as store:
         work = tmp_path / "job"
         steps = 80  # long enough after the loss for every lost worker to be asked for work
         # 3 CPUs per node: a rank takes 2 and a rollout worker 1, so each of the two nodes gets one of
@@ -83,11 +123,7 @@ def test_ray_node_hosting_a_rollout_worker_and_a_trainer_rank_is_removed(
         )  # fmt: skip
         job = spec.name
         jobs.submit(store, job, spec.to_json(), {"rollout": 2, "trainer": 2})
-        deadline = time.monotonic() + 300
-        while (rec := jobs.get(store, job)).state.get("step", 0) < 4:
-            assert rec.phase not in jobs.TERMINAL, rec.state
-            assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
-            time.sleep(0.2)
+        _until(lambda: jobs.get(store, job).state.get("step", 0) >= 4, store, job, tmp_path, 300)
 
         members = _members(store, job)
         by_node: dict[str, set[str]] = {}
@@ -115,23 +151,10 @@ def test_ray_node_hosting_a_rollout_worker_and_a_trainer_rank_is_removed(
         c.wait_for_nodes()
         c.remove_node(victim, allow_graceful=False)
 
-        deadline = time.monotonic() + 600
-        while (rec := jobs.get(store, job)).phase not in jobs.TERMINAL:
-            assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
-            time.sleep(0.5)
-        assert rec.phase == "SUCCEEDED", rec.state.get("reason")
-        assert [m["step"] for m in metrics(work)] == list(range(steps))
-        _check_journal(work, steps, 4, 4, 3)
+        rec = _finish(store, job, tmp_path, steps)
         kinds = [e["kind"] for e in events.read(store, job, limit=2000)]
         assert "trainer_restart" in kinds and "rollout_fault" in kinds and "group_restored" in kinds, kinds
-
-        from resilient_rl.verify import replay_digest
-
-        digest = replay_digest(JobSpec.model_validate(rec.spec), steps, c.address, etcd.endpoint)
-        assert digest == rec.state["weights_digest"]
-    finally:
-        ctl.stop()
-        store.close()
+        _check_replay(rec, steps, c, etcd)
 
 
 @pytest.mark.timeout(900)
@@ -150,12 +173,7 @@ def test_a_drained_ray_node_hands_its_rollout_worker_and_trainer_rank_over_witho
     from resilient_rl.naming import NAMESPACE, actor_name
 
     c, nodes, args = cluster
-    store = etcd.store()
-    home = tmp_path / "home"
-    env = {**ray_env(), "RRL_HOME": str(home)}
-    argv = [sys.executable, "-m", "resilient_rl.cli", "controller", "--etcd", etcd.endpoint, "--ray-address", c.address]
-    ctl = ManagedProcess.spawn("controller", argv, tmp_path / "controller.log", env=env)
-    try:
+    with _controller(c, etcd, tmp_path) as store:
         work = tmp_path / "job"
         steps = 40
         spec = parse_spec(
@@ -164,11 +182,7 @@ def test_a_drained_ray_node_hands_its_rollout_worker_and_trainer_rank_over_witho
         )  # fmt: skip
         job = spec.name
         jobs.submit(store, job, spec.to_json(), {"rollout": 2, "trainer": 2})
-        deadline = time.monotonic() + 300
-        while (rec := jobs.get(store, job)).state.get("step", 0) < 3:
-            assert rec.phase not in jobs.TERMINAL, rec.state
-            assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
-            time.sleep(0.2)
+        _until(lambda: jobs.get(store, job).state.get("step", 0) >= 3, store, job, tmp_path, 300)
         members = _members(store, job)
         ray.init(address=c.address, namespace=NAMESPACE, log_to_driver=False)
         weights_node = ray.get(ray.get_actor(actor_name(job, "weights", 0)).node.remote(), timeout=60)
@@ -183,21 +197,12 @@ def test_a_drained_ray_node_hands_its_rollout_worker_and_trainer_rank_over_witho
                                        "e2e: spot notice", int(time.time() * 1000) + 60_000)  # fmt: skip
         assert accepted, why
         t_drain = time.time()
-        deadline = time.monotonic() + 60
-        while len([e for e in events.read(store, job, limit=2000) if e["kind"] == "preempted"]) < 2:
-            assert jobs.get(store, job).phase not in jobs.TERMINAL, jobs.get(store, job).state
-            assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
-            time.sleep(0.2)
+        _until(lambda: len([e for e in events.read(store, job, limit=2000) if e["kind"] == "preempted"]) >= 2,
+               store, job, tmp_path, 60)  # fmt: skip
         took = time.time() - t_drain
         c.remove_node(next(n for n in nodes if n.node_id == target), allow_graceful=True)  # the deadline's end
 
-        deadline = time.monotonic() + 600
-        while (rec := jobs.get(store, job)).phase not in jobs.TERMINAL:
-            assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()[-3000:]
-            time.sleep(0.5)
-        assert rec.phase == "SUCCEEDED", rec.state.get("reason")
-        assert [m["step"] for m in metrics(work)] == list(range(steps))
-        _check_journal(work, steps, 4, 4, 3)
+        rec = _finish(store, job, tmp_path, steps)
         evs = events.read(store, job, limit=2000)
         pre = [e for e in evs if e["kind"] == "preempted"]
         assert sorted(e["group"] for e in pre) == ["rollout", "trainer"], pre
@@ -206,11 +211,4 @@ def test_a_drained_ray_node_hands_its_rollout_worker_and_trainer_rank_over_witho
         after = _members(store, job)
         assert all(info["ray_node"] != target for info in after.values()), after
         print(f"\ndrain to both hand-overs: {took:.1f}s; {[e['message'] for e in pre]}")
-
-        from resilient_rl.verify import replay_digest
-
-        digest = replay_digest(JobSpec.model_validate(rec.spec), steps, c.address, etcd.endpoint)
-        assert digest == rec.state["weights_digest"]
-    finally:
-        ctl.stop()
-        store.close()
+        _check_replay(rec, steps, c, etcd)
