@@ -356,8 +356,7 @@ def _controller(endpoint: str) -> int:
     threading.Thread(target=commands, daemon=True).start()
     emit({"ready": True, "pid": os.getpid()})
     while not stop.wait(0.5):
-        with view._lock:
-            n = len(view.members)
+        n = len(view)
         emit({"members": n, "leader": ctl.election.is_leader})
     ctl.stop()
     view.close()

@@ -207,11 +207,21 @@ Callback = Callable[[str, str, dict[str, Any]], None]
 
 
 class MembershipView:
-    """The live members of a job, from a watch.
+    """The live members of a job, from a watch on the job's own prefix.
 
     ``members`` maps ``(group, worker)`` to the member's value. ``on_join``,
     ``on_update`` and ``on_leave`` are called from the view's thread with
     ``(group, worker, info)``.
+
+    Values are decoded lazily: the view keeps each member's raw value and its revision,
+    and decodes one when it is read (once per revision) or when a callback needs it. So a
+    view of a large job does not decode every progress put of every worker, only what its
+    readers ask for; with no callbacks set, an update costs a dict store.
+
+    With ``progress_every`` the watch asks etcd for a progress notice that often, and
+    :meth:`fresh` tells a live view (etcd answered its stream within ``max_age`` seconds)
+    from one whose stream is broken or stuck, or whose etcd does not answer: a reader
+    falls back to a read of etcd then (see ``Controller.members``).
     """
 
     def __init__(
@@ -222,34 +232,57 @@ class MembershipView:
         on_join: Callback | None = None,
         on_update: Callback | None = None,
         on_leave: Callback | None = None,
+        progress_every: float | None = None,
     ) -> None:
         self.job = job
-        self.members: dict[tuple[str, str], dict[str, Any]] = {}
+        self._raw: dict[tuple[str, str], tuple[int, bytes]] = {}  # (group, worker) -> (mod revision, value)
+        self._decoded: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}  # the same, once read
         self._cb = {"join": on_join, "update": on_update, "leave": on_leave}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._watch: Watch = store.watch_prefix(keys.members(job))
+        self._watch: Watch = store.watch_prefix(keys.members(job), progress_every=progress_every)
         for kv in self._watch.initial:
-            self._apply("put", kv.key, kv.value)
+            self._apply("put", kv.key, kv.value, kv.mod_revision)
         self._thread = threading.Thread(target=self._run, name=f"members:{job}", daemon=True)
         self._thread.start()
 
-    def _apply(self, typ: str, key: str, value: bytes) -> None:
+    def _info(self, k: tuple[str, str]) -> dict[str, Any]:
+        """Member ``k``'s value, decoded once per revision (the caller holds the lock). A value
+        that is not a JSON object reads as ``{}``."""
+        rev, raw = self._raw[k]
+        hit = self._decoded.get(k)
+        if hit is not None and hit[0] == rev:
+            return hit[1]
+        try:
+            info = json.loads(raw)
+        except ValueError:
+            info = None
+        info = info if isinstance(info, dict) else {}
+        self._decoded[k] = (rev, info)
+        return info
+
+    def _apply(self, typ: str, key: str, value: bytes, rev: int) -> None:
         parts = keys.split_member_key(key)
         if parts is None:
             return
         _, group, worker = parts
+        k = (group, worker)
+        info: dict[str, Any] = {}
         with self._lock:
-            existed = (group, worker) in self.members
+            existed = k in self._raw
             if typ == "put":
-                info = json.loads(value)
-                self.members[(group, worker)] = info
+                self._raw[k] = (rev, value)
                 kind = "update" if existed else "join"
+                if self._cb[kind] is not None:
+                    info = dict(self._info(k))
             else:
                 if not existed:
                     return
-                info = self.members.pop((group, worker))
                 kind = "leave"
+                if self._cb[kind] is not None:
+                    info = dict(self._info(k))
+                del self._raw[k]
+                self._decoded.pop(k, None)
             self._changed.notify_all()
         cb = self._cb[kind]
         if cb is not None:
@@ -257,18 +290,33 @@ class MembershipView:
 
     def _run(self) -> None:
         for ev in self._watch:
-            self._apply(ev.type, ev.key, ev.value)
+            self._apply(ev.type, ev.key, ev.value, ev.revision)
+
+    @property
+    def members(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Snapshot of every member: ``{(group, worker): info}`` (copies)."""
+        with self._lock:
+            return {k: dict(self._info(k)) for k in self._raw}
 
     def group(self, group: str) -> dict[str, dict[str, Any]]:
-        """Snapshot of one group's members: ``{worker: info}``."""
+        """Snapshot of one group's members: ``{worker: info}`` (copies; only this group is decoded)."""
         with self._lock:
-            return {w: dict(i) for (g, w), i in self.members.items() if g == group}
+            return {w: dict(self._info((g, w))) for (g, w) in self._raw if g == group}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._raw)
+
+    def fresh(self, max_age: float) -> bool:
+        """Whether etcd answered this view's stream within ``max_age`` seconds (needs
+        ``progress_every``; see the class doc)."""
+        return time.monotonic() - self._watch.fresh_at <= max_age
 
     def wait_for(self, predicate: Callable[[dict[tuple[str, str], dict[str, Any]]], bool], timeout: float) -> bool:
         """Block until ``predicate(members)`` holds or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while not predicate(self.members):
+            while not predicate({k: self._info(k) for k in self._raw}):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

@@ -104,11 +104,24 @@ class Watch:
     etcd reports the resume revision compacted, it re-lists the prefix and emits
     a put for every key changed since the last delivery and a delete for every
     key that vanished, then watches on from the listing's revision + 1.
+
+    With ``progress_every`` the stream asks etcd for a progress notice that often
+    (``WatchProgressRequest``, etcd >= 3.4), and ``fresh_at`` is the monotonic time of the
+    newest answer: a stream that is broken or stuck, or an etcd that does not answer, stops
+    proving itself, and a consumer can tell a quiet prefix from a stale view. (etcd 3.5.8 /
+    3.4.25 answer only a watcher that has delivered every change; older ones may answer
+    just before the last events on the same stream, so the answer proves a live stream,
+    not the last millisecond's events. It never advances ``last_revision`` for that reason:
+    events behind it would be skipped as delivered, etcd issue #15220.)
     """
 
-    def __init__(self, store: Store, prefix: str, start_revision: int | None) -> None:
+    def __init__(
+        self, store: Store, prefix: str, start_revision: int | None, *, progress_every: float | None = None
+    ) -> None:
         self.store = store
         self.prefix = prefix
+        self.progress_every = progress_every
+        self.fresh_at = float("-inf")  # see the class doc
         self._q: queue.Queue[Any] = queue.Queue()
         self._stop = threading.Event()
         self._call: Any = None
@@ -187,7 +200,9 @@ class Watch:
                 key=pfx, range_end=_prefix_end(pfx), start_revision=start, progress_notify=True
             )
         )
-        done.wait()  # keep the request side open until the stream ends
+        # keep the request side open until the stream ends; ask for progress meanwhile, if asked to
+        while not done.wait(self.progress_every):
+            yield etcdrpc.WatchRequest(progress_request=etcdrpc.WatchProgressRequest())
 
     def _run(self) -> None:
         backoff = 0.05
@@ -253,9 +268,10 @@ class Watch:
                         typ = "delete" if ev.type == kv_pb2.Event.DELETE else "put"
                         self._emit(WatchEvent(typ, kv.key.decode(), bytes(kv.value), rev))
                         self.last_revision = rev
-                    if not resp.events and resp.header.revision > self.last_revision and not resp.created:
-                        # progress notification: nothing under the prefix up to here
-                        self.last_revision = resp.header.revision
+                    if not resp.events and not resp.created:
+                        # a progress notice: the stream is alive (see the class doc; last_revision
+                        # stays: a resume after a long quiet spell may meet a compaction and re-list)
+                        self.fresh_at = time.monotonic()
             except grpc.RpcError as e:
                 if self._stop.is_set():
                     break
