@@ -11,12 +11,13 @@ What runs, per measured run (a fresh etcd, controller and simulators each time):
   ``jobs.list_all(detail=False)``, one key read per job plus a txn of its spec/desired/state:
   since 2f37a03 it no longer reads every member, which it did before) with a
   driver whose ``reconcile`` returns None, which is what ``resilient_rl.job.runner``'s driver does
-  per pass (it only copies ``rec.desired``; its Ray loop is not run here), plus one
-  ``controller.membership.MembershipView`` on ``jobs/{job}/members/`` whose ``on_leave``
-  records the wall time each leave is seen. Note: no product code constructs a MembershipView
-  today (the runner detects dead workers through Ray errors and its hang watchdog); the view is
-  the membership watcher the architecture describes, so it is the one measured. The HTTP API /
-  status page / ``/metrics`` are not served (they read members only when a client asks).
+  per pass (it only copies ``rec.desired``; its Ray loop is not run here), and whose thread calls
+  ``Controller.members`` for the workers' group and the trainer group once a second, as the
+  runner's watchdogs do (since 2026-12-03 served from the controller's watch of the job's
+  members prefix, lazily decoded; a range read of every member before). Plus one more
+  ``controller.membership.MembershipView`` on ``jobs/{job}/members/``, the probe, whose
+  ``on_leave`` records the wall time each leave is seen. The HTTP API / status page /
+  ``/metrics`` are not served (they read members only when a client asks).
 * **the simulated workers**: ``--sim-procs`` processes (default 2) of asyncio gRPC clients, each
   holding N/k workers on ONE channel. Each worker has its own lease (TTL ``--ttl``, default 5 s as
   ``Registration(ttl=5)`` and ``fault.lease_ttl``), a member key ``keys.member(job, "rollout", i)``
@@ -312,17 +313,32 @@ class _Sim:
 
 
 class _NullDriver:
-    """What ``resilient_rl.job.runner``'s driver does per reconcile pass, minus its Ray loop."""
+    """What ``resilient_rl.job.runner``'s driver does per reconcile pass, minus its Ray loop, plus
+    its watchdogs' membership reads: ``Controller.members`` of the workers' group once a second
+    (the rollouts' progress view) and of the trainer group once a second (the lease channel),
+    from a thread of its own as the runner's loop does."""
 
-    def __init__(self) -> None:
+    def __init__(self, ctl: Any, job: str) -> None:
         self.desired: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self.reads = 0
+        threading.Thread(target=self._watchdog, args=(ctl, job), name="bench-watchdog", daemon=True).start()
+
+    def _watchdog(self, ctl: Any, job: str) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                ctl.members(job, GROUP)
+                ctl.members(job, "trainer")
+                self.reads += 1
+            except Exception as e:  # noqa: BLE001 - etcd not answering: the runner's "no news"
+                print(f"watchdog read failed: {e}", file=sys.stderr)
 
     def reconcile(self, rec: Any) -> dict[str, Any] | None:
         self.desired = dict(rec.desired)
         return None
 
     def stop(self, final: bool) -> None:
-        pass
+        self._stop.set()
 
 
 def _controller(endpoint: str) -> int:
@@ -338,7 +354,7 @@ def _controller(endpoint: str) -> int:
             sys.stdout.flush()
 
     store = Store(endpoint)
-    ctl = Controller(store, "scale-bench-ctl", driver_factory=lambda c, rec: _NullDriver())
+    ctl = Controller(store, "scale-bench-ctl", driver_factory=lambda c, rec: _NullDriver(c, rec.id))
     threading.Thread(target=ctl.run, name="controller", daemon=True).start()
 
     def on_leave(group: str, worker: str, info: dict[str, Any]) -> None:

@@ -23,17 +23,12 @@ from typing import Any, Protocol
 from . import jobs, keys
 from .election import Election, NotLeader
 from .events import EventLog, Kind
-from .membership import MembershipView
 from .store import Compare, Delete, EtcdError, Put, Store
 from .watch import KeptLease
 
 log = logging.getLogger(__name__)
 
 QUARANTINED = "QUARANTINED"  # not terminal: `rrl resume` lifts it (see Controller._may_run)
-# a running job's membership watch asks etcd for progress this often, and is read while the newest
-# answer is this recent (else members() reads etcd; see Controller.members)
-MEMBERS_PROGRESS_S = 1.0
-MEMBERS_FRESH_S = 3.0
 
 
 class JobDriver(Protocol):
@@ -92,9 +87,6 @@ class Controller:
         # stop() is called is seen by stop (its runner record is cleared: a clean hand-over)
         self._pass_lock = threading.Lock()
         self._last_outage_end: float | None = None  # a term that ended in an outage is not a job's fault
-        # the membership of each job whose driver runs here, from a watch (see members)
-        self._views: dict[str, MembershipView] = {}
-        self._views_lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -156,7 +148,6 @@ class Controller:
         for d in self.drivers.values():
             d.stop(final=False)
         self.drivers.clear()
-        self._close_views(set())
         if self._lease is not None:
             self._lease.revoke()
 
@@ -177,7 +168,6 @@ class Controller:
                             break
                         self.reconcile(rec, leader_changed=first)
                 first = False
-                self._close_views(set(self.drivers))  # ended, cancelled or deleted jobs' watches
                 if self.housekeeping and time.monotonic() - last_housekeeping >= self.housekeeping_interval:
                     last_housekeeping = time.monotonic()
                     self.housekeeping(self, recs)
@@ -189,7 +179,6 @@ class Controller:
             for d in self.drivers.values():
                 d.stop(final=False)
             self.drivers.clear()
-            self._close_views(set())
         if not self._stop.is_set():
             log.warning("controller %s is no longer leader", self.id)
 
@@ -245,38 +234,10 @@ class Controller:
         self.election.fenced_txn(success=[Delete(keys.checkpoint(job, step))])
 
     def members(self, job: str, group: str) -> dict[str, dict[str, Any]]:
-        """The membership records of one group of a job (worker -> value).
-
-        For a job whose driver runs here, from a watch on the job's members prefix (one per job,
-        opened on the first read, closed with the driver), not a read of etcd: its driver's
-        watchdogs ask every second (the lease watch, the rollouts' progress, preemption marks,
-        drains), and a read returns every member's value, which grows with the job. The watch
-        is used while etcd answered its stream within ``MEMBERS_FRESH_S``; else (a broken or
-        stuck stream, etcd down, the first second) this reads etcd, which raises ``EtcdError``
-        when it cannot answer, as before: a stale view never stands in for "no news"."""
-        view = self._members_view(job)
-        if view is not None and view.fresh(MEMBERS_FRESH_S):
-            return view.group(group)
+        """The membership records of one group of a job (worker -> value), as etcd has them now."""
         prefix = keys.members(job, group)
         kvs, _ = self.store.range(prefix)
         return {kv.key[len(prefix) :]: json.loads(kv.value) for kv in kvs}
-
-    def _members_view(self, job: str) -> MembershipView | None:
-        with self._views_lock:
-            view = self._views.get(job)
-            if view is None and job in self.drivers and not self._stop.is_set():
-                try:
-                    view = self._views[job] = MembershipView(self.store, job, progress_every=MEMBERS_PROGRESS_S)
-                except EtcdError as e:
-                    log.info("job %s: membership watch not opened (%s): reading etcd", job, e)
-            return view
-
-    def _close_views(self, keep: set[str]) -> None:
-        """Close the membership watches of jobs not in ``keep``."""
-        with self._views_lock:
-            gone = [self._views.pop(j) for j in list(self._views) if j not in keep]
-        for view in gone:
-            view.close()
 
     def checkpoints(self, job: str) -> list[dict[str, Any]]:
         """Committed snapshot records of a job, oldest first."""

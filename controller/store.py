@@ -707,17 +707,13 @@ class Store:
 
     # -- watch ---------------------------------------------------------------
 
-    def watch_prefix(
-        self, prefix: str, start_revision: int | None = None, *, progress_every: float | None = None
-    ) -> Watch:
+    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
         """Watch every change under ``prefix``.
 
         With ``start_revision=None`` the watch first lists the prefix (available
         as ``watch.initial``, read at ``watch.initial_revision``) and delivers the
         changes after it. With a revision, delivers every change from it on.
-        With ``progress_every`` the stream asks etcd for a progress notice that
-        often, and ``watch.fresh_at`` says when it last proved itself current.
         """
         from .watch import Watch
 
-        return Watch(self, prefix, start_revision, progress_every=progress_every)
+        return Watch(self, prefix, start_revision)

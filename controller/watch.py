@@ -105,23 +105,15 @@ class Watch:
     a put for every key changed since the last delivery and a delete for every
     key that vanished, then watches on from the listing's revision + 1.
 
-    With ``progress_every`` the stream asks etcd for a progress notice that often
-    (``WatchProgressRequest``, etcd >= 3.4), and ``fresh_at`` is the monotonic time of the
-    newest answer: a stream that is broken or stuck, or an etcd that does not answer, stops
-    proving itself, and a consumer can tell a quiet prefix from a stale view. (etcd 3.5.8 /
-    3.4.25 answer only a watcher that has delivered every change; older ones may answer
-    just before the last events on the same stream, so the answer proves a live stream,
-    not the last millisecond's events. It never advances ``last_revision`` for that reason:
-    events behind it would be skipped as delivered, etcd issue #15220.)
+    A progress notice never advances ``last_revision``: etcd before 3.5.8 / 3.4.25 may send
+    one just before the last events on the same stream, and events behind it would then be
+    skipped as delivered (etcd issue #15220). A resume after a long quiet spell may meet a
+    compaction instead, and re-lists.
     """
 
-    def __init__(
-        self, store: Store, prefix: str, start_revision: int | None, *, progress_every: float | None = None
-    ) -> None:
+    def __init__(self, store: Store, prefix: str, start_revision: int | None) -> None:
         self.store = store
         self.prefix = prefix
-        self.progress_every = progress_every
-        self.fresh_at = float("-inf")  # see the class doc
         self._q: queue.Queue[Any] = queue.Queue()
         self._stop = threading.Event()
         self._call: Any = None
@@ -200,9 +192,7 @@ class Watch:
                 key=pfx, range_end=_prefix_end(pfx), start_revision=start, progress_notify=True
             )
         )
-        # keep the request side open until the stream ends; ask for progress meanwhile, if asked to
-        while not done.wait(self.progress_every):
-            yield etcdrpc.WatchRequest(progress_request=etcdrpc.WatchProgressRequest())
+        done.wait()  # keep the request side open until the stream ends
 
     def _run(self) -> None:
         backoff = 0.05
@@ -268,10 +258,6 @@ class Watch:
                         typ = "delete" if ev.type == kv_pb2.Event.DELETE else "put"
                         self._emit(WatchEvent(typ, kv.key.decode(), bytes(kv.value), rev))
                         self.last_revision = rev
-                    if not resp.events and not resp.created:
-                        # a progress notice: the stream is alive (see the class doc; last_revision
-                        # stays: a resume after a long quiet spell may meet a compaction and re-list)
-                        self.fresh_at = time.monotonic()
             except grpc.RpcError as e:
                 if self._stop.is_set():
                     break

@@ -494,7 +494,12 @@ def test_an_idle_rollout_worker_steals_groups_of_a_busy_workers_shard(platform: 
     nothing to do), ``groups_per_pass: 1``, a reward of 50 ms a sample. The idle worker helps
     with the shard from its end (claims, then journals each group); the owner skips what it
     took. Every step's shard holds groups of both workers, each prompt exactly n times, and
-    ``rrl verify``'s replay matches."""
+    ``rrl verify``'s replay matches.
+
+    A zombie's claim: group 1 of step 3's shard is claimed by worker 9, which never existed and
+    never journals it (as a SIGSTOPped worker resumed after the leader released its claims
+    would). The owner waits ``fault.hang_timeout`` without a new journaled group, then ignores
+    the claim and generates the group: a claim is an economy, never a wait without end."""
     import json
 
     from checkpoints.journal import Journal
@@ -503,14 +508,16 @@ def test_an_idle_rollout_worker_steals_groups_of_a_busy_workers_shard(platform: 
     work.mkdir(parents=True)
     rows = work / "rows.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"{i % 10}{i % 10}:", "answer": str(i)}) + "\n" for i in range(64)))
-    steps = 4
+    steps, hang = 4, 15.0
+    jr = Journal(work / "journal")
+    assert jr.claim(3, 0, 1, "9")  # before the job starts: nobody else can hold it
     spec = _spec("e2e-steal", work, steps=steps, task={"kind": "jsonl", "path": str(rows), "reward": "function",
                  "reward_fn": "tests.unit.reward_fns:slow_parity"}, checkpoint={"dir": str(work), "every": 50},
-                 rollout={"replicas": 2, "shards_per_step": 1, "groups_per_pass": 1})  # fmt: skip
+                 rollout={"replicas": 2, "shards_per_step": 1, "groups_per_pass": 1},
+                 fault={"hang_timeout": hang})  # fmt: skip
     spec["task"].pop("num_prompts")
     job = platform.submit(spec)
     _assert_exactly_once_and_replay(platform, job, work, steps)
-    jr = Journal(work / "journal")
     writers = []
     for k in range(steps):
         (ref,) = jr.batch(k) or []
@@ -518,6 +525,9 @@ def test_an_idle_rollout_worker_steals_groups_of_a_busy_workers_shard(platform: 
         writers.append(sorted({w for w, _ in meta["groups"]}))
         assert not (work / "journal" / f"step-{k:08d}" / "parts-0000").exists()
     assert sum(w == [0, 1] for w in writers) >= steps - 1, writers  # helped (the first step's may start alone)
+    meta = jr.read_shard((jr.batch(3) or [])[0])["meta"]
+    assert meta["groups"][1][0] in (0, 1), meta  # written by a live worker, not the claim's holder
+    assert meta["seconds"] >= hang, meta  # after waiting out the claim, not by taking it at once
 
 
 @pytest.mark.timeout(600)
