@@ -504,7 +504,9 @@ class TrainerRank:
             raise
         finally:
             self._training = None
-            self.member.update(status="ready")
+            # one membership write for the step's end: the timeline's status and the step applied
+            # (a write of its own after the core's step would be one more put per rank per step)
+            self.member.update(status="ready", step=self.step, version=self.step)
 
     def _train_step(self, step: int, publish: bool) -> dict[str, Any]:
         assert self.core is not None
@@ -513,7 +515,6 @@ class TrainerRank:
         t_read = time.time()
         stats = self.core.train(samples)
         t_trained = time.time()
-        self.member.update(step=self.step, version=self.step)
         self._shadow()
         out: dict[str, Any] = {"rank": self.rank, "step": step, **stats, "shadow_blocking_s": self.shadow_blocking_s,
                                "sketch": self.core.sketch()}  # fmt: skip
