@@ -10,7 +10,10 @@ Per fault (all in seconds after the injection):
 * ``recovered_s``: first recovery event (``RECOVER``; any kind naming "recover" counts).
 * ``group_restored_s``: first timeline sample at which every group has its desired
   size again *and* the process the fault hit is no longer a member (for kills
-  and hangs); this is the "back to desired group size" figure.
+  and hangs); this is the "back to desired group size" figure. A hang that nothing
+  detected (an idle worker stopped and continued: it held no work, so it was never
+  replaced) is back once its process is a member of a whole group again after the
+  SIGCONT (``ended_at``).
 
 ETTR = committed steps x fault-free mean step time / wall time, as
 ``controller/goodput.py`` defines it for the live gauges too. The fault-free
@@ -160,13 +163,20 @@ def fault_figures(
         out["next_commit_s"] = round(nxt - t0, 2)
     hit = fault.get("target", {}).get("pid")
     start = t0 if det is None else max(t0, event_time(det) or t0)
+    # a hang nobody detected was never replaced: its own process is what comes back
+    resumed = det is None and kind.endswith("_hang") and fault.get("ended_at") is not None
+    if resumed:
+        start = max(start, float(fault["ended_at"]))
     for s in timeline:
         if s["t"] < start:
             continue
         desired = s.get("desired", {})
         members = s.get("members", {})
         sized = all(len(members.get(g, [])) == int(n) for g, n in desired.items())
-        gone = kind not in _REPLACES or hit is None or all(hit not in pids for pids in members.values())
+        if resumed:
+            gone = hit is None or any(hit in pids for pids in members.values())
+        else:
+            gone = kind not in _REPLACES or hit is None or all(hit not in pids for pids in members.values())
         if sized and gone:
             out["group_restored_s"] = round(s["t"] - t0, 2)
             break

@@ -44,6 +44,23 @@ def test_fault_figures_of_a_rollout_kill() -> None:
     assert fig["group_restored_s"] == 5.0  # pid 11 gone and 2 members again at T0+15
 
 
+def test_an_idle_worker_stopped_and_continued_is_back_when_its_own_process_is_a_member_again() -> None:
+    """A rollout_hang on an idle worker is detected by nothing (it held no work) and never
+    replaced: its lease expires while it is stopped, and it registers again after the SIGCONT.
+    The group is back then, not when the same process later leaves for another fault (a
+    soak reported 87 s for 8 s of SIGSTOP that way)."""
+    timeline = []
+    for i in range(0, 40):
+        pids = [11, 12] if i < 15 else [12] if i < 19 else [11, 12] if i < 35 else [12, 21]
+        timeline.append({"t": T0 + i, "members": {"rollout": pids}, "desired": {"rollout": 2}})
+    fault = {"kind": "rollout_hang", "injected_at": T0 + 10, "ended_at": T0 + 18, "target": {"pid": 11}}
+    fig = measure.fault_figures(fault, [], timeline, [])
+    assert fig["detection_s"] is None
+    assert fig["group_restored_s"] == 9.0  # pid 11 a member of a whole group again at T0+19
+    detected = measure.fault_figures(fault, [{"kind": "rollout_hang", "time": T0 + 15}], timeline, [])
+    assert detected["group_restored_s"] == 25.0  # detected: restored once it is replaced (pid 21 at T0+35)
+
+
 def test_fault_figures_accept_new_recovery_event_kinds_and_missing_ones() -> None:
     events = [{"kind": "leader", "time": T0 + 4, "detection_s": 3.1}, {"kind": "workers_recovered", "time": T0 + 9}]
     fig = measure.fault_figures({"kind": "leader_kill", "injected_at": T0}, events, [], [])
