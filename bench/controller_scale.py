@@ -13,8 +13,8 @@ What runs, per measured run (a fresh etcd, controller and simulators each time):
   driver whose ``reconcile`` returns None, which is what ``resilient_rl.job.runner``'s driver does
   per pass (it only copies ``rec.desired``; its Ray loop is not run here), and whose thread calls
   ``Controller.members`` for the workers' group and the trainer group once a second, as the
-  runner's watchdogs do (since 2026-12-03 served from the controller's watch of the job's
-  members prefix, lazily decoded; a range read of every member before). Plus one more
+  runner's watchdogs do (a range read of the group each time: a watch per job served them
+  for a day and cost more, BENCHMARKS.md section 6). Plus one more
   ``controller.membership.MembershipView`` on ``jobs/{job}/members/``, the probe, whose
   ``on_leave`` records the wall time each leave is seen. The HTTP API / status page /
   ``/metrics`` are not served (they read members only when a client asks).
@@ -321,7 +321,6 @@ class _NullDriver:
     def __init__(self, ctl: Any, job: str) -> None:
         self.desired: dict[str, Any] = {}
         self._stop = threading.Event()
-        self.reads = 0
         threading.Thread(target=self._watchdog, args=(ctl, job), name="bench-watchdog", daemon=True).start()
 
     def _watchdog(self, ctl: Any, job: str) -> None:
@@ -329,7 +328,6 @@ class _NullDriver:
             try:
                 ctl.members(job, GROUP)
                 ctl.members(job, "trainer")
-                self.reads += 1
             except Exception as e:  # noqa: BLE001 - etcd not answering: the runner's "no news"
                 print(f"watchdog read failed: {e}", file=sys.stderr)
 
