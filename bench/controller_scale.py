@@ -545,14 +545,14 @@ def _profile_summary(raw: str, top: int = 12) -> dict[str, Any]:
 def run_once(n: int, rep: int, args: argparse.Namespace, profile: bool) -> dict[str, Any]:
     from controller import jobs, keys
     from controller.store import Store
-    from resilient_rl.local import free_port, start_etcd
+    from resilient_rl.local import free_ports, start_etcd
 
     tmp = Path(tempfile.mkdtemp(prefix="rrl-scale-"))
     etcd = None
     children: list[Child] = []
     store = None
     try:
-        port, peer = free_port(), free_port()
+        port, peer = free_ports(2)
         etcd = start_etcd(tmp / "etcd", port, peer, tmp / "etcd.log")
         endpoint = f"127.0.0.1:{port}"
         store = Store(endpoint)

@@ -240,14 +240,14 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     from bench.checkpoint_stall import copy_bandwidth
     from resilient_rl.algo.tasks import VOCAB_CHARS
-    from resilient_rl.local import free_port, start_etcd
+    from resilient_rl.local import free_ports, start_etcd
     from resilient_rl.spec import TinyModelInit
     from resilient_rl.workers.model_init import make_tiny_model
 
     clone_bw, warm_bw = copy_bandwidth()
     print(f"memcpy bandwidth: clone {clone_bw / 2**30:.2f} GiB/s, into a touched buffer {warm_bw / 2**30:.2f} GiB/s")
-    port = free_port()
-    etcd = start_etcd(root / "etcd", port, free_port(), root / "etcd.log")
+    port, peer = free_ports(2)
+    etcd = start_etcd(root / "etcd", port, peer, root / "etcd.log")
     start_ray(root / "ray")
     bench = Bench(root, f"127.0.0.1:{port}")
     sizes: dict[str, Any] = {}

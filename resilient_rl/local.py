@@ -72,6 +72,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: each socket is held until all are chosen (two free_port()
+    calls in a row may return the same port, and an etcd given one port twice binds one
+    listener and exits, while the port answers)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -217,6 +228,8 @@ def start_etcd(
             proc.stop()
             raise PlatformError(f"etcd did not open 127.0.0.1:{client_port} within {wait:.0f}s; see {log_path}")
         time.sleep(0.05)
+    if not proc.alive():  # the port answered, but not for this process (it was taken)
+        raise PlatformError(f"etcd exited at start; see {log_path}:\n{_tail(log_path)}")
     return proc
 
 
@@ -302,8 +315,9 @@ class Platform:
             data["etcd"] = etcd
             procs.pop("etcd", None)
         elif "etcd" not in procs:
-            ports.setdefault("etcd_client", free_port())
-            ports.setdefault("etcd_peer", free_port())
+            client, peer = free_ports(2)
+            ports.setdefault("etcd_client", client)
+            ports.setdefault("etcd_peer", peer)
             progress(f"starting etcd on 127.0.0.1:{ports['etcd_client']} (data {self.home / 'etcd'})")
             p = start_etcd(self.home / "etcd", ports["etcd_client"], ports["etcd_peer"], logs / "etcd.log")
             procs["etcd"] = {"pid": p.pid, "log": str(logs / "etcd.log")}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from controller.store import Store
-from resilient_rl.local import ManagedProcess, free_port, start_etcd
+from resilient_rl.local import ManagedProcess, free_ports, start_etcd
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 REPO = Path(__file__).resolve().parent.parent
@@ -34,8 +34,7 @@ class EtcdServer:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self.client_port, self.peer_port = free_ports(2)
         self.proc: ManagedProcess | None = None
         self.stores: list[Store] = []
         self.start()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..local import ManagedProcess, Platform, free_port, pid_alive, ray_env, start_etcd
+from ..local import ManagedProcess, Platform, free_ports, pid_alive, ray_env, start_etcd
 from .scenario import ClusterShape
 
 
@@ -116,7 +116,7 @@ class ChaosCluster:
         self.home.mkdir(parents=True, exist_ok=True)
         logs = self.home / "logs"
         names = [f"etcd{i}" for i in range(self.shape.etcd_members)]
-        ports = [(free_port(), free_port()) for _ in names]
+        ports = [tuple(free_ports(2)) for _ in names]
         initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, (_, p) in zip(names, ports, strict=True))
         for n, (c, p) in zip(names, ports, strict=True):
             self.etcd.append(EtcdMember(n, c, p, self.home / "etcd" / n, logs / f"{n}.log", initial))

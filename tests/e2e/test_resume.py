@@ -23,8 +23,9 @@ def _spec(name: str) -> dict:
         "name": name,
         "model": {"init": {}},
         "task": {"kind": "copy", "num_prompts": 64},
-        "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 6, "n": 4}},
-        "trainer": {"replicas": 1, "lr": 0.002},
+        # no warm spares (default 1 each): nothing here is lost hot, and on 2 cores two processes less
+        "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 6, "n": 4}, "spares": 0},
+        "trainer": {"replicas": 1, "lr": 0.002, "spares": 0},
         "prompts_per_step": 4,
         "steps": 10,
         "seed": 5,

@@ -27,8 +27,9 @@ def _spec(name: str, tmp_path: Path, reward_fn: str, **task: Any) -> dict[str, A
         "name": name,
         "model": {"init": {}},
         "task": {"kind": "jsonl", "path": str(data), "reward": "function", "reward_fn": reward_fn, **task},
-        "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 4, "n": 2}},
-        "trainer": {"replicas": 1},
+        # no warm spares (default 1 each): no worker is lost here, and on 2 cores two processes less
+        "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 4, "n": 2}, "spares": 0},
+        "trainer": {"replicas": 1, "spares": 0},
         "prompts_per_step": 4,
         "steps": 3,
         "checkpoint": {"dir": str(tmp_path / "w")},

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from controller.store import Compare, EtcdError, EtcdUnavailable, Get, Put, Store
-from resilient_rl.local import ManagedProcess, etcd_binary, free_port, port_open
+from resilient_rl.local import ManagedProcess, etcd_binary, free_ports, port_open
 
 PASSWORD = "s3cret-Pa55word-xyzzy"
 
@@ -129,7 +129,7 @@ class TlsEtcd:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.pki = make_pki(root / "pki")
-        self.port, self.peer_port = free_port(), free_port()
+        self.port, self.peer_port = free_ports(2)
         client, peer = f"https://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer_port}"
         p = self.pki
         argv = [

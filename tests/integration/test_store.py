@@ -323,11 +323,11 @@ def test_kept_leases_survive_the_loss_of_the_member_their_stream_is_on(tmp_path:
     cluster has quorum; then the member comes back."""
     from pathlib import Path
 
-    from resilient_rl.local import free_port, start_etcd
+    from resilient_rl.local import free_ports, start_etcd
 
     root = Path(str(tmp_path))
     names = ["e0", "e1", "e2"]
-    ports = [(free_port(), free_port()) for _ in names]
+    ports = [tuple(free_ports(2)) for _ in names]
     initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, (_, p) in zip(names, ports, strict=True))
     procs = {}
     try:
