@@ -157,11 +157,17 @@ class Registration:
     def update(self, **fields: Any) -> None:
         """Merge ``fields`` into the member value; written soon by the registration's thread
         (see class doc). Never blocks on etcd."""
+        self.note(**fields)
+        self._wake.set()
+
+    def note(self, **fields: Any) -> None:
+        """``update`` without waking the writer: the value is written at its next period (at
+        most ``ttl / 3``, 1 s) or with the next ``update``, whichever comes first. For a
+        status that matters only if it lasts (a weight load): a short one costs no write."""
         with self._lock:
             self.info.update(fields)
             self.info["progress_at"] = time.time()
             self._gen += 1
-        self._wake.set()
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until the newest value is written; False if it is not within ``timeout``."""

@@ -7,7 +7,9 @@ Per fault (all in seconds after the injection):
   (``DETECT`` below). A ``detection_s`` field on that event, when the runner
   measured it itself (``rollout_hang`` does), is reported as ``detection_reported_s``.
 * ``next_commit_s``: first committed step after the injection (timeline).
-* ``recovered_s``: first recovery event (``RECOVER``; any kind naming "recover" counts).
+* ``recovered_s``: first recovery event (``RECOVER``; else any kind naming "recover", but
+  of the fault's own group for a rollout or trainer fault: a trainer's recovery is not a
+  rollout worker's).
 * ``group_restored_s``: first timeline sample at which every group has its desired
   size again *and* the process the fault hit is no longer a member (for kills
   and hangs); this is the "back to desired group size" figure. A hang that nothing
@@ -100,16 +102,21 @@ def event_time(e: dict[str, Any]) -> float | None:
 
 
 def _first_event(
-    events: list[dict[str, Any]], kinds: tuple[str, ...], after: float, until: float | None, recover: bool = False
+    events: list[dict[str, Any]],
+    kinds: tuple[str, ...],
+    after: float,
+    until: float | None,
+    recover: bool = False,
+    group: str = "",
 ) -> Any:
     """First event of ``kinds`` in [after, until); with ``recover``, if none, the first whose kind
-    names a recovery (the runner's newer events)."""
+    names a recovery (the runner's newer events) and starts with ``group`` when one is given."""
     best = None
     for fallback in (False, True) if recover else (False,):
         for e in events:
             t = event_time(e)
             kind = str(e.get("kind", ""))
-            hit = ("recover" in kind) if fallback else (kind in kinds)
+            hit = ("recover" in kind and kind.startswith(group)) if fallback else (kind in kinds)
             if t is None or t < after or (until is not None and t >= until) or not hit:
                 continue
             if best is None or t < event_time(best):  # type: ignore[operator]
@@ -154,7 +161,8 @@ def fault_figures(
         out["detected_by"] = det.get("kind")
         if isinstance(det.get("detection_s"), int | float):
             out["detection_reported_s"] = det["detection_s"]
-    rec = _first_event(events, RECOVER.get(kind, ()), t0, until, recover=bool(RECOVER.get(kind)))
+    group = next((g for g in ("rollout_", "trainer_") if kind.startswith(g)), "")
+    rec = _first_event(events, RECOVER.get(kind, ()), t0, until, recover=bool(RECOVER.get(kind)), group=group)
     if rec is not None:
         out["recovered_s"] = round(event_time(rec) - t0, 2)  # type: ignore[operator]
         out["recovered_by"] = rec.get("kind")

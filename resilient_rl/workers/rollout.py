@@ -158,7 +158,9 @@ class RolloutWorker:
         if version <= self.version and version != 0:
             return self.version  # already have it (re-sent after a controller failover)
         before = self.member.info.get("status")
-        self.member.update(status="loading")  # the page's worker timeline (membership's status)
+        # the page's worker timeline (membership's status): written only if the load lasts
+        # past the registration's period, else the write below carries both (one put a load)
+        self.member.note(status="loading")
         self.engine.load_weights(fetch(weights))
         self.version = version
         self.member.update(version=version, status=before)

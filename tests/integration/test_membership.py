@@ -237,3 +237,25 @@ def test_a_view_decodes_only_what_is_read(store: Store) -> None:
     assert view.wait_for(lambda m: ("rollout", "3") not in m, 10)
     assert left == [{"status": "busy", "n": 5}]  # a leave callback gets the last value, decoded
     view.close()
+
+
+def test_a_noted_status_is_written_at_the_next_period_or_with_the_next_update(store: Store) -> None:
+    """A rollout worker notes `loading` around a weight load: a short load costs no put (the
+    `ready` after it carries both); a long one shows within the registration's period."""
+    reg = Registration(store, "job-n", "rollout", "0", ttl=3, status="ready")  # period 1 s
+    assert reg.flush(5)
+    key = keys.member("job-n", "rollout", "0")
+    before = store.get(key)
+    assert before is not None
+    reg.note(status="loading")
+    reg.update(status="ready", version=1)
+    assert reg.flush(5)
+    after = store.get(key)
+    assert after is not None and json.loads(after.value)["version"] == 1
+    assert after.version == before.version + 1  # one write for both
+    reg.note(status="loading")  # nothing wakes the writer: its period does
+    deadline = time.monotonic() + 3
+    while json.loads(store.get(key).value)["status"] != "loading":  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "a noted status was never written"
+        time.sleep(0.05)
+    reg.close()

@@ -70,6 +70,19 @@ def test_fault_figures_accept_new_recovery_event_kinds_and_missing_ones() -> Non
     assert measure.fault_figures({"kind": "scale"}, events, [], [])["detection_s"] is None  # never injected
 
 
+def test_a_rollout_fault_is_not_recovered_by_the_trainers_recovery() -> None:
+    """A soak paired a rollout hang with a trainer_recovered of the same interval."""
+    hang = {"kind": "rollout_hang", "injected_at": T0}
+    events = [{"kind": "rollout_hang", "time": T0 + 5}, {"kind": "trainer_recovered", "time": T0 + 7}]
+    fig = measure.fault_figures(hang, events, [], [])
+    assert fig["detection_s"] == 5 and fig["recovered_s"] is None
+    events.append({"kind": "rollout_recovered", "time": T0 + 9})  # a newer kind of its own group counts
+    fig = measure.fault_figures(hang, events, [], [])
+    assert fig["recovered_s"] == 9 and fig["recovered_by"] == "rollout_recovered"
+    kill = measure.fault_figures({"kind": "trainer_kill", "injected_at": T0}, events, [], [])
+    assert kill["recovered_by"] == "trainer_recovered"
+
+
 def test_goodput_and_lost_work() -> None:
     metrics = [{"step": k, "time": T0 + 1 + k, "step_seconds": 1.0} for k in range(10)]
     metrics[5] = {"step": 5, "time": T0 + 1 + 5 + 10, "step_seconds": 11.0}  # a fault cost 10 s
