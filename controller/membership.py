@@ -36,6 +36,38 @@ from .watch import KeptLease, Watch
 log = logging.getLogger(__name__)
 
 
+def swap(
+    store: Store, key: str, value: str, lease: int, mod: int | None, incarnation: str
+) -> tuple[int, dict[str, Any] | None]:
+    """Write a member ``value`` as ``incarnation`` (see module doc): ``(mod revision, None)``, or
+    ``(0, the value held)`` when another incarnation holds the key. ``mod`` None: the
+    incarnation's first write, which takes the key; else a compare-and-swap on ``mod`` (0: not
+    known, e.g. after the key was dropped), taking the key back if it is gone or already ours."""
+    if mod is None:
+        return store.put(key, value, lease=lease), None
+    for _ in range(3):
+        res = store.txn([Compare(key, "mod", "=", mod)], [Put(key, value, lease)], [Get(key)])
+        if res.succeeded:
+            return res.revision, None
+        kvs = res.results[0]
+        if not kvs:  # gone with a lost lease and nobody took it: ours again
+            res = store.txn([Compare(key, "create", "=", 0)], [Put(key, value, lease)], [Get(key)])
+            if res.succeeded:
+                return res.revision, None
+            kvs = res.results[0]
+            if not kvs:
+                continue
+        try:
+            held = json.loads(kvs[0].value)
+        except ValueError:
+            held = {}
+        if isinstance(held, dict) and held.get("incarnation") == incarnation:
+            mod = kvs[0].mod_revision  # our own write whose answer was lost: swap from it
+            continue
+        return 0, held if isinstance(held, dict) else {}
+    raise EtcdError(f"member {key}: the key kept changing under a compare-and-swap")
+
+
 class Registration:
     """A worker's membership key, kept alive on its own lease.
 
@@ -115,44 +147,19 @@ class Registration:
     def _write(self, value: str, lease: int) -> bool:
         """Write the value as this incarnation; False (and ``on_superseded``) once another holds
         the key. The first write takes the key; later ones swap only what this one wrote."""
-        if self._mod is None:
-            self._mod = self.store.put(self.key, value, lease=lease)
+        mod, held = swap(self.store, self.key, value, lease, self._mod, self.incarnation)
+        if held is None:
+            self._mod = mod
             return True
-        for _ in range(3):
-            res = self.store.txn(
-                [Compare(self.key, "mod", "=", self._mod)], [Put(self.key, value, lease)], [Get(self.key)]
-            )
-            if res.succeeded:
-                self._mod = res.revision
-                return True
-            kvs = res.results[0]
-            if not kvs:  # gone with a lost lease and nobody took it: ours again
-                res = self.store.txn(
-                    [Compare(self.key, "create", "=", 0)], [Put(self.key, value, lease)], [Get(self.key)]
-                )
-                if res.succeeded:
-                    self._mod = res.revision
-                    return True
-                kvs = res.results[0]
-                if not kvs:
-                    continue
-            try:
-                held = json.loads(kvs[0].value)
-            except ValueError:
-                held = {}
-            if held.get("incarnation") == self.incarnation:
-                self._mod = kvs[0].mod_revision  # our own write whose answer was lost: swap from it
-                continue
-            with self._lock:
-                self.superseded = held if isinstance(held, dict) else {}
-            log.warning(
-                "member %s: replaced by pid %s (incarnation %s); this one (pid %s) writes no more",
-                self.key, held.get("pid"), held.get("incarnation"), os.getpid(),
-            )  # fmt: skip
-            if self._on_superseded is not None:
-                self._on_superseded(self.superseded)
-            return False
-        raise EtcdError(f"member {self.key}: the key kept changing under a compare-and-swap")
+        with self._lock:
+            self.superseded = held
+        log.warning(
+            "member %s: replaced by pid %s (incarnation %s); this one (pid %s) writes no more",
+            self.key, held.get("pid"), held.get("incarnation"), os.getpid(),
+        )  # fmt: skip
+        if self._on_superseded is not None:
+            self._on_superseded(held)
+        return False
 
     def update(self, **fields: Any) -> None:
         """Merge ``fields`` into the member value; written soon by the registration's thread
@@ -207,6 +214,16 @@ class Registration:
             if self._lease is not None:
                 self._lease.revoke()
                 self._lease = None
+
+
+def register(store: Store, job: str, group: str, worker: str, *, node: bool = False, **kw: Any) -> Registration:
+    """A worker's membership: on a lease of its own (:class:`Registration`), or with ``node``
+    kept by its node's agent on the node's lease (``controller.nodeagent``, the same interface)."""
+    if node:
+        from .nodeagent import NodeRegistration
+
+        return NodeRegistration(store, job, group, worker, **kw)  # type: ignore[return-value]
+    return Registration(store, job, group, worker, **kw)
 
 
 Callback = Callable[[str, str, dict[str, Any]], None]

@@ -604,6 +604,14 @@ class FaultSpec(_Section):
         why="a longer TTL only delays the detection of a lost worker",
         description="Membership lease TTL in seconds (etcd's minimum is ~2).",
     )
+    membership: Literal["worker", "node"] = Field(
+        "worker",
+        description="Whose lease a worker's membership key hangs on. worker: a lease of its own, kept alive "
+        "by the worker. node: one lease per node, held by a node agent process that the node's workers "
+        "share (started by the first; it writes their changes batched, one transaction per node, and "
+        "deletes the key of a worker silent for lease_ttl or whose connection ends): keep-alives and "
+        "puts fall with the workers per node, for large clusters.",
+    )
     max_restarts: int = Size(
         5,
         ge=0,

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from checkpoints.journal import Journal, ShardRef
-from controller.membership import Registration
+from controller.membership import Registration, register
 from controller.store import Store
 
 from ..algo.dynamic import round_sample_number, varied
@@ -122,9 +122,10 @@ class RolloutWorker:
         return {"status": "preempted", **self.preemption.fields()}
 
     def _register(self, group: str, worker: str, **fields: Any) -> Registration:
-        return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, version=self.version,
-                            engine=self.spec.rollout.engine, ray_node=self._node, on_superseded=exit_superseded,
-                            log=self.log.path.name if self.log else None, **fields)  # fmt: skip
+        return register(self.store, self.job, group, worker, node=self.spec.fault.membership == "node",
+                        ttl=self.spec.fault.lease_ttl, version=self.version, engine=self.spec.rollout.engine,
+                        ray_node=self._node, on_superseded=exit_superseded,
+                        log=self.log.path.name if self.log else None, **fields)  # fmt: skip
 
     def warm(self) -> dict[str, Any]:
         """A spare is warm once its engine is up (the constructor): this answers after it (and at

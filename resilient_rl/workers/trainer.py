@@ -34,7 +34,7 @@ import torch.distributed as dist
 from checkpoints.backends import PendingSnapshot, SnapshotError, make_backend
 from checkpoints.journal import Journal, atomic_write
 from checkpoints.snapshots import snapshot_dir, write_manifest
-from controller.membership import Registration
+from controller.membership import Registration, register
 from controller.store import Store
 
 from ..naming import NAMESPACE, actor_name
@@ -153,9 +153,10 @@ class TrainerRank:
         return self.preemption.at
 
     def _register(self, group: str, worker: str, **fields: Any) -> Registration:
-        return Registration(self.store, self.job, group, worker, ttl=self.spec.fault.lease_ttl, world=self.world,
-                            ray_node=_node_id(), on_superseded=exit_superseded, log=self.log.path.name if self.log else None,
-                            **fields)  # fmt: skip
+        return register(self.store, self.job, group, worker, node=self.spec.fault.membership == "node",
+                        ttl=self.spec.fault.lease_ttl, world=self.world, ray_node=_node_id(),
+                        on_superseded=exit_superseded, log=self.log.path.name if self.log else None,
+                        **fields)  # fmt: skip
 
     def warm(self) -> dict[str, Any]:
         """A spare: build the model and optimizer now, alone (world 1, no process group), so that

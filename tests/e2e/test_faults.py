@@ -533,17 +533,21 @@ def test_an_idle_rollout_worker_steals_groups_of_a_busy_workers_shard(platform: 
 @pytest.mark.timeout(600)
 def test_a_stopped_ddp_rank_is_found_by_its_lease_and_replaced_hot(platform: LivePlatform, tmp_path: Path) -> None:
     """World 2, DDP, hang_timeout 60 s: SIGSTOP rank 1 for 3 x hang_timeout. Ray still calls it
-    alive; its membership lease expires, and the runner kills it well within hang_timeout + TTL
+    alive; its membership key goes, and the runner kills it well within hang_timeout + TTL
     and replaces it hot. The SIGCONT then finds no process: nothing the stopped rank could do
-    lands, and rank 1's member record is the newcomer's."""
+    lands, and rank 1's member record is the newcomer's. With node-level leases
+    (``fault.membership: node``, issue 21): every member key on the node agent's one lease, and
+    the stopped rank's key deleted by the agent once it is silent for the TTL."""
     work = tmp_path / "stopped"
     steps = 10
     ttl, hang = 3, 60.0
     job = platform.submit(_spec("e2e-stopped", work, steps=steps, trainer={"replicas": 2, "shadow_every": 0},
                                 checkpoint={"dir": str(work), "every": 50},
-                                fault={"hang_timeout": hang, "lease_ttl": ttl}))  # fmt: skip
+                                fault={"hang_timeout": hang, "lease_ttl": ttl, "membership": "node"}))  # fmt: skip
     _wait_step(platform, job, 3)
     before = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
+    leases = {kv.lease for kv in platform.store.range(keys.members(job))[0]}
+    assert len(leases) == 1 and 0 not in leases, leases  # one lease for the node: the agent's
     stopped = before["trainer/1"]
     os.kill(stopped, signal.SIGSTOP)
     t0 = time.monotonic()
