@@ -198,6 +198,10 @@ class _Sim:
     def _next_put(self, i: int) -> Any:
         from pyetcd import etcdrpc
 
+        return etcdrpc.PutRequest(key=self.keys[i], value=self._value(i), lease=self.lease[i])
+
+    def _value(self, i: int) -> bytes:
+        """Worker ``i``'s next member value (its status flips between busy and idle)."""
         info = self.info[i]
         if info["status"] == "busy":
             info["status"] = "idle"
@@ -207,7 +211,7 @@ class _Sim:
             info["step"] = info.get("step", -1) + 1
             info["shard"] = i % 16
         info["progress_at"] = time.time()
-        return etcdrpc.PutRequest(key=self.keys[i], value=json.dumps(info).encode(), lease=self.lease[i])
+        return json.dumps(info).encode()
 
     async def run(self) -> None:
         import grpc
@@ -301,6 +305,176 @@ class _Sim:
         await asyncio.gather(*(register(i) for i in self.ids))
         self.emit({"ready": len(self.ids), "pid": os.getpid(), "register_s": time.monotonic() - t0})
         threading.Thread(target=self._stdin, args=(loop,), daemon=True).start()
+        while not self.quit.is_set():
+            await asyncio.sleep(0.1)
+        await scheduler
+        reader.cancel()
+        ka.cancel()
+        await channel.close()
+
+
+class _NodeSim(_Sim):
+    """``--membership node``: what ``controller/nodeagent.py`` sends to etcd for these workers.
+
+    One lease per simulated node (8 workers, ``i // 8``) kept alive at TTL/3. A worker's progress
+    change marks its node dirty; a node writes its dirty keys in ONE Txn (a mod-revision compare
+    per key, a put on the node's lease each), at once when its last write is at least
+    ``BATCH_S`` old, else ``BATCH_S`` after it (the agent's rate limit). ``kill`` models a
+    SIGSTOPped worker (the harder case: a killed one's connection ends and the agent deletes its
+    key at once): its last ping was U(0, min(1, TTL/3)) s before the kill, and the agent deletes
+    its key TTL s after that ping plus U(0, 0.1) (the agent's tick). ``killnode`` stops a whole
+    node: its keep-alives stop, its lease expires with every key on it."""
+
+    BATCH_S = 0.5  # NodeAgent's batch_s
+
+    def __init__(self, *a: Any) -> None:
+        super().__init__(*a)
+        self.nodes = sorted({i // 8 for i in self.ids})
+        self.node_lease: dict[int, int] = {}
+        self.mod: dict[int, int] = {}
+        self.dirty: dict[int, set[int]] = {nd: set() for nd in self.nodes}
+        self.last_txn: dict[int, float] = dict.fromkeys(self.nodes, 0.0)
+        self.flush_due: set[int] = set()
+        self.dead_nodes: set[int] = set()
+
+    def _command(self, line: str) -> None:
+        parts = line.split()
+        if parts and parts[0] == "killnode":
+            nodes = [int(x) for x in parts[1:]]
+            with self.lock:
+                self.dead_nodes.update(nodes)
+                ids = [i for i in self.ids if i // 8 in self.dead_nodes]
+                self.dead.update(ids)
+                t = time.time()
+            self.emit({"killed": ids, "t": t, "nodes": nodes})
+            return
+        if parts and parts[0] == "kill":
+            now = time.monotonic()
+            for i in (int(x) for x in parts[1:]):
+                ping = now - self.rng.uniform(0, min(1.0, self.ttl / 3.0))
+                heapq.heappush(self.heap, (ping + self.ttl + self.rng.uniform(0, 0.1), 3, i))
+        super()._command(line)
+
+    async def run(self) -> None:
+        import grpc
+        from pyetcd import etcdrpc
+
+        channel = grpc.aio.insecure_channel(self.endpoint)
+        kv = etcdrpc.KVStub(channel)
+        lease = etcdrpc.LeaseStub(channel)
+        sem = asyncio.Semaphore(64)
+        ka = lease.LeaseKeepAlive()
+        heap = self.heap
+        pending: set[asyncio.Task[None]] = set()
+        owner: dict[int, int] = {}  # lease id -> node
+
+        def spawn(coro: Any) -> None:
+            t = asyncio.create_task(coro)
+            pending.add(t)
+            t.add_done_callback(pending.discard)
+
+        def put(i: int) -> Any:
+            return etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=self.keys[i], value=self._value(i),
+                                                                     lease=self.node_lease[i // 8]))  # fmt: skip
+
+        async def grant(nd: int) -> None:
+            resp = await lease.LeaseGrant(etcdrpc.LeaseGrantRequest(TTL=self.ttl), timeout=30)
+            self.node_lease[nd] = resp.ID
+            owner[resp.ID] = nd
+            self.ka_req[nd] = etcdrpc.LeaseKeepAliveRequest(ID=resp.ID)
+
+        async def register(nd: int) -> None:
+            """The agent's first writes: the node's workers take their keys (one Txn)."""
+            async with sem:
+                await grant(nd)
+                ws = [i for i in self.ids if i // 8 == nd]
+                resp = await kv.Txn(etcdrpc.TxnRequest(success=[put(i) for i in ws]), timeout=30)
+                for i in ws:
+                    self.mod[i] = resp.header.revision
+                    self.info[i]["status"] = "idle"
+                now = time.monotonic()
+                heapq.heappush(heap, (now + self.rng.uniform(0, self.ka_every), 0, nd))
+                for i in ws:
+                    heapq.heappush(heap, (now + self.rng.uniform(0, self.progress_every), 1, i))
+
+        async def flush(nd: int) -> None:
+            ws = sorted(i for i in self.dirty[nd] if i not in self.dead)
+            self.dirty[nd].clear()
+            if not ws or nd in self.dead_nodes:
+                return
+            cmp = [etcdrpc.Compare(key=self.keys[i], target=etcdrpc.Compare.MOD, result=etcdrpc.Compare.EQUAL,
+                                   mod_revision=self.mod[i]) for i in ws]  # fmt: skip
+            try:
+                async with sem:
+                    resp = await kv.Txn(etcdrpc.TxnRequest(compare=cmp, success=[put(i) for i in ws]), timeout=10)
+                self.stats["txns"] += 1
+                self.stats["puts"] += len(ws)
+                if resp.succeeded:
+                    for i in ws:
+                        self.mod[i] = resp.header.revision
+                else:
+                    self.stats["txn_failed"] += 1
+            except grpc.RpcError:
+                self.stats["put_errors"] += 1
+
+        async def drop(i: int) -> None:
+            """The agent deletes a silent worker's key (compared on its revision)."""
+            cmp = [etcdrpc.Compare(key=self.keys[i], target=etcdrpc.Compare.MOD, result=etcdrpc.Compare.EQUAL,
+                                   mod_revision=self.mod[i])]  # fmt: skip
+            op = etcdrpc.RequestOp(request_delete_range=etcdrpc.DeleteRangeRequest(key=self.keys[i]))
+            try:
+                async with sem:
+                    await kv.Txn(etcdrpc.TxnRequest(compare=cmp, success=[op]), timeout=10)
+                self.stats["dropped"] += 1
+            except grpc.RpcError:
+                self.stats["drop_errors"] += 1
+
+        async def read_ka() -> None:
+            while True:
+                resp = await ka.read()
+                if resp is grpc.aio.EOF:
+                    return
+                self.stats["ka_resp"] += 1
+                if resp.TTL <= 0:
+                    self.stats["ka_expired"] += 1
+
+        async def schedule() -> None:
+            while not self.quit.is_set():
+                now = time.monotonic()
+                while heap and heap[0][0] <= now:
+                    due, kind, x = heapq.heappop(heap)
+                    if kind == 0:  # a node's keep-alive
+                        if x in self.dead_nodes:
+                            continue
+                        heapq.heappush(heap, (due + self.ka_every if now - due < self.ka_every else now + self.ka_every,
+                                              0, x))  # fmt: skip
+                        self.lags.append(now - due)
+                        await ka.write(self.ka_req[x])
+                        self.stats["ka_sent"] += 1
+                    elif kind == 1:  # a worker's progress change: its node writes it, batched
+                        if x in self.dead:
+                            continue
+                        every = self.progress_every
+                        heapq.heappush(heap, (due + every if now - due < every else now + every, 1, x))
+                        nd = x // 8
+                        self.dirty[nd].add(x)
+                        if nd not in self.flush_due:
+                            self.flush_due.add(nd)
+                            heapq.heappush(heap, (max(now, self.last_txn[nd] + self.BATCH_S), 2, nd))
+                    elif kind == 2:  # a node's batched write
+                        self.flush_due.discard(x)
+                        self.last_txn[x] = now
+                        spawn(flush(x))
+                    else:  # a silent worker's key deleted by its agent
+                        spawn(drop(x))
+                await asyncio.sleep(min(0.05, max(0.0, heap[0][0] - time.monotonic())) if heap else 0.05)
+
+        reader = asyncio.create_task(read_ka())
+        scheduler = asyncio.create_task(schedule())
+        t0 = time.monotonic()
+        await asyncio.gather(*(register(nd) for nd in self.nodes))
+        self.emit({"ready": len(self.ids), "pid": os.getpid(), "register_s": time.monotonic() - t0})
+        threading.Thread(target=self._stdin, args=(asyncio.get_running_loop(),), daemon=True).start()
         while not self.quit.is_set():
             await asyncio.sleep(0.1)
         await scheduler
@@ -569,6 +743,7 @@ def run_once(n: int, rep: int, args: argparse.Namespace, profile: bool) -> dict[
             first, last = j * n // k, (j + 1) * n // k
             argv = [*me, "--role", "sim", "--endpoint", endpoint, "--first", str(first), "--count", str(last - first)]
             argv += ["--ttl", str(args.ttl), "--progress-every", str(args.progress_every), "--seed", str(rep * 100 + j)]
+            argv += ["--membership", args.membership]
             sims.append(Child(f"sim{j}", argv, tmp / f"sim{j}.log"))
         children.extend(sims)
         reg = [s.expect("ready", 300) for s in sims]
@@ -612,6 +787,7 @@ def run_once(n: int, rep: int, args: argparse.Namespace, profile: bool) -> dict[
         for v in victims:
             j = next(j for j in range(k) if j * n // k <= v < (j + 1) * n // k)
             by_sim.setdefault(j, []).append(v)
+        node_victims: list[str] = []
         s2 = _snapshot(port, pids, sims)
         for j, vs in by_sim.items():
             sims[j].send("kill " + " ".join(map(str, vs)))
@@ -619,6 +795,14 @@ def run_once(n: int, rep: int, args: argparse.Namespace, profile: bool) -> dict[
         for j in by_sim:
             msg = sims[j].expect("killed", 30)
             kill_t.update({str(v): msg["t"] for v in msg["killed"]})
+        if args.membership == "node":  # and one whole node (its agent and workers) stopped
+            first, last = 0, n // k
+            nodes = [nd for nd in range((first + 7) // 8, last // 8) if not any(v // 8 == nd for v in victims)]
+            nd = rng.choice(nodes)
+            sims[0].send(f"killnode {nd}")
+            msg = sims[0].expect("nodes", 30)
+            node_victims = [str(v) for v in msg["killed"]]
+            kill_t.update(dict.fromkeys(node_victims, msg["t"]))
         leave_t: dict[str, float] = {}
         deadline = time.monotonic() + 4 * args.ttl + 10
         while len(set(kill_t) & set(leave_t)) < len(kill_t) and time.monotonic() < deadline:
@@ -635,7 +819,9 @@ def run_once(n: int, rep: int, args: argparse.Namespace, profile: bool) -> dict[
                 break
             if "leave" in msg:
                 leave_t.setdefault(msg["leave"], msg["t"])
-        lat = sorted(leave_t[w] - kill_t[w] for w in kill_t if w in leave_t)
+        # the workers stopped one by one; those of the stopped node apart
+        lat = sorted(leave_t[w] - kill_t[w] for w in kill_t if w in leave_t and w not in node_victims)
+        node_lat = sorted(leave_t[w] - kill_t[w] for w in node_victims if w in leave_t)
         missed = [w for w in kill_t if w not in leave_t]
         false_leaves = sorted(w for w in leave_t if w not in kill_t)
 
@@ -643,6 +829,9 @@ def run_once(n: int, rep: int, args: argparse.Namespace, profile: bool) -> dict[
             return lat[min(len(lat) - 1, round(q * (len(lat) - 1)))] if lat else float("nan")
 
         det = {
+            "node_killed": len(node_victims),
+            "node_seen": len(node_lat),
+            "node_max": node_lat[-1] if node_lat else float("nan"),
             "killed": len(victims),
             "seen": len(lat),
             "missed": len(missed),
@@ -652,6 +841,9 @@ def run_once(n: int, rep: int, args: argparse.Namespace, profile: bool) -> dict[
             "min": lat[0] if lat else float("nan"),
             "max": lat[-1] if lat else float("nan"),
         }
+        if node_victims:
+            print(f"  a whole node stopped ({len(node_victims)} workers): all seen {len(node_lat)}, "
+                  f"the last after {det['node_max']:.2f} s", flush=True)  # fmt: skip
         print(
             f"  kill {len(victims)}: detection p50 {det['p50']:.2f} s, p99 {det['p99']:.2f} s "
             f"(min {det['min']:.2f}, max {det['max']:.2f}; missed {len(missed)}, false leaves {len(false_leaves)}); "
@@ -971,6 +1163,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttl", type=int, default=5, help="lease TTL, s (Registration's default)")
     ap.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress puts per worker")
     ap.add_argument("--sim-procs", type=int, default=2, help="simulator processes")
+    ap.add_argument(
+        "--membership",
+        choices=["worker", "node"],
+        default="worker",
+        help="worker: a lease and a put per worker (Registration); node: a lease and one batched Txn per "
+        "node of 8 (controller/nodeagent.py), and one whole node stopped in the kill window",
+    )
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--window", type=float, default=20.0, help="steady measurement window, s")
     ap.add_argument("--profile", action="store_true", help="py-spy the controller once, at the largest size")
@@ -984,7 +1183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.role == "sim":
-        asyncio.run(_Sim(args.endpoint, args.first, args.count, args.ttl, args.progress_every, args.seed).run())
+        sim = _NodeSim if args.membership == "node" else _Sim
+        asyncio.run(sim(args.endpoint, args.first, args.count, args.ttl, args.progress_every, args.seed).run())
         return 0
     if args.role == "controller":
         return _controller(args.endpoint)

@@ -206,12 +206,16 @@ class NodeAgent:
                 m.conn.shutdown(socket.SHUT_RDWR)
 
     def _keep_lease(self) -> None:
+        """A lease while the node has workers (a new one once it is lost: every key is written again)."""
         if self.lease is not None and not self.lease.lost:
             return
         if self.lease is not None:
             self.lease.stop()
             log.warning("node agent: lease %x lost; every key is written again on a new one", self.lease.id)
         self.lease = None
+        with self._lock:
+            if not self._members:
+                return
         self.lease = self.store.keep_lease(self.ttl, on_lost=self._wake.set)
         with self._lock:
             for m in self._members:
@@ -258,7 +262,7 @@ class NodeAgent:
         """Write every changed value: those whose key the agent knows in one transaction per
         ``_TXN_KEYS``, each compared on its revision; the rest (and a batch that failed) one by one."""
         dirty = self._dirty()
-        if not dirty:
+        if not dirty or self.lease is None:
             return False
         lease = self.lease.id
         with self._lock:
