@@ -250,10 +250,13 @@ class Watch:
                             break
                         raise EtcdError(f"watch cancelled by etcd: {resp.cancel_reason}")
                     self._stale_tokens = 0
+                    # every event of one revision (a txn's puts, the keys of a revoked or expired
+                    # lease) comes in one response: compare with what was delivered before it
+                    delivered = self.last_revision
                     for ev in resp.events:
                         kv = ev.kv
                         rev = kv.mod_revision
-                        if rev <= self.last_revision:
+                        if rev <= delivered:
                             continue  # already delivered before a reconnect
                         typ = "delete" if ev.type == kv_pb2.Event.DELETE else "put"
                         self._emit(WatchEvent(typ, kv.key.decode(), bytes(kv.value), rev))

@@ -95,6 +95,24 @@ def test_watch_spans_etcd_restart_exactly_once_in_order(etcd: EtcdServer) -> Non
     watch.cancel()
 
 
+def test_a_watch_delivers_every_event_of_one_revision(store: Store) -> None:
+    """A txn's puts and the keys of one lease (a node agent's, when it goes) share a revision:
+    the watch delivered only the first of them (found with node-level leases, issue 21)."""
+    watch = store.watch_prefix("/w/")
+    lease = store.lease_grant(30)
+    res = store.txn([], [Put(f"/w/{i}", str(i), lease) for i in range(3)])
+    got = _collect(watch, 3)
+    assert [(e.type, e.key) for e in got] == [("put", f"/w/{i}") for i in range(3)]
+    assert {e.revision for e in got} == {res.revision}
+    store.lease_revoke(lease)
+    got = _collect(watch, 3)
+    assert sorted((e.type, e.key) for e in got) == [("delete", f"/w/{i}") for i in range(3)]
+    assert len({e.revision for e in got}) == 1
+    time.sleep(0.3)
+    assert watch.get(timeout=0.3) is None
+    watch.cancel()
+
+
 def test_watch_resumes_after_missing_events_during_outage(etcd: EtcdServer) -> None:
     """Writes made while the watcher is disconnected (by another client, once etcd is back) are delivered."""
     store = etcd.store(timeout=1.0, retry_window=20.0)
