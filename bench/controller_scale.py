@@ -928,8 +928,10 @@ def _extrapolate(
     def at(k: str) -> float:
         return med[hi][k] + slope(k) * (target - hi)
 
-    ka_rate = target / (args.ttl / 3.0)
-    put_rate = target / args.progress_every
+    node = args.membership == "node"  # a lease and at most one Txn per BATCH_S per node of 8
+    ka_rate = target / (8 if node else 1) / (args.ttl / 3.0)
+    put_rate = target / args.progress_every  # member values written (watch events)
+    proposals = min(put_rate, target / 8 / _NodeSim.BATCH_S) if node else put_rate
     ctl_cpu, etcd_cpu = at("controller_cpu"), at("etcd_cpu")
     per = {
         "controller_cpu_per_worker_ms": 1000 * slope("controller_cpu"),
@@ -963,11 +965,11 @@ def _extrapolate(
         "(the watch events of the progress puts).",
         "",
         f"At {target:,} workers (same cadences: keep-alive every {args.ttl / 3:.2f} s, a progress put every "
-        f"{args.progress_every:g} s):",
+        f"{args.progress_every:g} s; membership: {args.membership}):",
         "",
-        f"- etcd requests: {target:,} / {args.ttl / 3:.3f} = {ka_rate:,.0f} keep-alives/s + {target:,} / "
-        f"{args.progress_every:g} = {put_rate:,.0f} puts/s (each a raft proposal + WAL append) "
-        f"= {ka_rate + put_rate:,.0f} req/s (linear: {est['etcd_req']:,.0f});",
+        f"- etcd requests: {ka_rate:,.0f} keep-alives/s (a lease per {'node of 8' if node else 'worker'}) + "
+        f"{proposals:,.0f} {'batched Txns' if node else 'puts'}/s carrying {put_rate:,.0f} member values (each "
+        f"request a raft proposal + WAL append) = {ka_rate + proposals:,.0f} req/s (linear: {est['etcd_req']:,.0f});",
         f"- etcd CPU: {med[hi]['etcd_cpu']:.2f} + {per['etcd_cpu_per_worker_ms']:.3f} ms x {target - hi:,} = "
         f"**{etcd_cpu:.1f} cores**;",
         f"- controller CPU: {med[hi]['controller_cpu']:.2f} + {per['controller_cpu_per_worker_ms']:.3f} ms x "
@@ -998,7 +1000,7 @@ def _extrapolate(
         f"workers and 16 dedicated cores at ~{n_etcd_16:,.0f}. So **{first}** gives out first. Beyond CPU, etcd is "
         "one raft log: every progress put is a proposal, applied serially, and every keep-alive is a "
         "message on a long-lived stream (the product's `Store` and the simulator both multiplex); at 100,000 "
-        f"workers that is {ka_rate:,.0f} keep-alives/s on top of {put_rate:,.0f} proposals/s.",
+        f"workers that is {ka_rate:,.0f} keep-alives/s on top of {proposals:,.0f} proposals/s.",
         "",
         "What the design would change, in order of effect:",
         "",
@@ -1006,12 +1008,11 @@ def _extrapolate(
         "samples at 1,000 workers.) The reconcile loop no longer reads members: `jobs.list_all(detail=False)` "
         "reads one key per job to find the ids and a txn of spec/desired/state per job.",
         "1. (Done 2026-12-03.) One long-lived keep-alive stream per process in `Store`.",
-        "2. One lease per node, not per worker: a node agent (or the Ray raylet's process) holds one lease "
-        "for all workers on the node (8 GPUs -> 8 workers), keep-alives drop 8x "
-        f"({ka_rate:,.0f} -> {ka_rate / 8:,.0f}/s), and it uses one long-lived stream.",
-        "3. Progress through the node agent, batched: one put per node per period carrying its workers' progress "
-        f"({put_rate:,.0f} -> {put_rate / 8:,.0f} proposals/s), or progress only on state changes and the "
-        "hang watchdog on the controller side (it already has the shard send time).",
+        "2. (Built 2026-12-03: `fault.membership: node`, `controller/nodeagent.py`; `--membership node` "
+        "measures it.) One lease per node, not per worker: a node agent holds one lease for all workers on "
+        "the node (8 GPUs -> 8 workers), keep-alives drop 8x, on one long-lived stream.",
+        "3. (Built with 2.) Progress through the node agent, batched: one Txn per node per 0.5 s at most, "
+        "carrying every change of its workers since the last one.",
         "4. Shard the membership prefix (`members/{group}/{shard}/...`) and run one watcher per shard (threads "
         "in separate processes, or several controllers each owning shards), so no single Python consumer "
         "decodes every event.",
@@ -1037,6 +1038,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str,
                 common.fmt(_s(rs, "steady.etcd_req"), 0),
                 common.fmt(_s(rs, "steady.puts"), 0),
                 common.fmt(_s(rs, "steady.keepalives"), 0),
+                common.fmt(_s(rs, "detection.node_max")) if args.membership == "node" else "-",
             ]
         )
     main = common.table(
@@ -1050,6 +1052,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str,
             "etcd req/s",
             "puts/s",
             "keepalives/s",
+            "whole node stopped: last of 8 seen s",
         ],
         rows,
     )
@@ -1126,6 +1129,9 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str,
         f"simulators. Lease TTL {args.ttl} s, keep-alive every {args.ttl / 3:.2f} s (KeptLease), one progress put per "
         f"worker every {args.progress_every:g} s, {args.sim_procs} simulator processes (one gRPC channel and one "
         f"multiplexed keep-alive stream each), steady window {args.window:g} s, 1 % of the workers killed. "
+        f"Membership: **{args.membership}** (node: a lease and one batched Txn per node of 8, as "
+        "`controller/nodeagent.py` writes; a killed worker is a stopped one, its key deleted after the TTL; "
+        "and one whole node stopped, its lease left to expire). "
         "The controller process runs `Controller.run()` (election + reconcile loop every 0.5 s) and a "
         "`MembershipView` (see the module docstring of `bench/controller_scale.py`).",
         "",
