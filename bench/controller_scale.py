@@ -14,10 +14,12 @@ What runs, per measured run (a fresh etcd, controller and simulators each time):
   per pass (it only copies ``rec.desired``; its Ray loop is not run here), and whose thread calls
   ``Controller.members`` for the workers' group and the trainer group once a second, as the
   runner's watchdogs do (a range read of the group each time: a watch per job served them
-  for a day and cost more, BENCHMARKS.md section 6). Plus one more
-  ``controller.membership.MembershipView`` on ``jobs/{job}/members/``, the probe, whose
-  ``on_leave`` records the wall time each leave is seen. The HTTP API / status page /
+  for a day and cost more, BENCHMARKS.md section 6). The HTTP API / status page /
   ``/metrics`` are not served (they read members only when a client asks).
+* **the probe**, a process of its own since 2026-12-03 (it ran inside the controller's before,
+  and its watch, which the product's controller does not run, was up to half of the
+  "controller" figure): a ``controller.membership.MembershipView`` on ``jobs/{job}/members/``
+  whose ``on_leave`` records the wall time each leave is seen. Its CPU is reported apart.
 * **the simulated workers**: ``--sim-procs`` processes (default 2) of asyncio gRPC clients, each
   holding N/k workers on ONE channel. Each worker has its own lease (TTL ``--ttl``, default 5 s as
   ``Registration(ttl=5)`` and ``fault.lease_ttl``), a member key ``keys.member(job, "rollout", i)``
@@ -67,6 +69,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench import common
+from controller.nodeagent import BATCH_S as AGENT_BATCH_S
 
 JOB = "scale-bench"
 GROUP = "rollout"
@@ -325,7 +328,7 @@ class _NodeSim(_Sim):
     its key TTL s after that ping plus U(0, 0.1) (the agent's tick). ``killnode`` stops a whole
     node: its keep-alives stop, its lease expires with every key on it."""
 
-    BATCH_S = 0.5  # NodeAgent's batch_s
+    BATCH_S = AGENT_BATCH_S  # the agent's
 
     def __init__(self, *a: Any) -> None:
         super().__init__(*a)
@@ -513,11 +516,7 @@ class _NullDriver:
         self._stop.set()
 
 
-def _controller(endpoint: str) -> int:
-    from controller.membership import MembershipView
-    from controller.service import Controller
-    from controller.store import Store
-
+def _emitter() -> Any:
     out_lock = threading.Lock()
 
     def emit(obj: dict[str, Any]) -> None:
@@ -525,14 +524,10 @@ def _controller(endpoint: str) -> int:
             sys.stdout.write(json.dumps(obj) + "\n")
             sys.stdout.flush()
 
-    store = Store(endpoint)
-    ctl = Controller(store, "scale-bench-ctl", driver_factory=lambda c, rec: _NullDriver(c, rec.id))
-    threading.Thread(target=ctl.run, name="controller", daemon=True).start()
+    return emit
 
-    def on_leave(group: str, worker: str, info: dict[str, Any]) -> None:
-        emit({"leave": worker, "t": time.time()})
 
-    view = MembershipView(store, JOB, on_leave=on_leave)
+def _until_quit() -> threading.Event:
     stop = threading.Event()
 
     def commands() -> None:
@@ -542,11 +537,44 @@ def _controller(endpoint: str) -> int:
         stop.set()
 
     threading.Thread(target=commands, daemon=True).start()
+    return stop
+
+
+def _controller(endpoint: str) -> int:
+    """The product's controller process: ``Controller.run()`` with the null driver."""
+    from controller.service import Controller
+    from controller.store import Store
+
+    emit = _emitter()
+    store = Store(endpoint)
+    ctl = Controller(store, "scale-bench-ctl", driver_factory=lambda c, rec: _NullDriver(c, rec.id))
+    threading.Thread(target=ctl.run, name="controller", daemon=True).start()
+    stop = _until_quit()
     emit({"ready": True, "pid": os.getpid()})
     while not stop.wait(0.5):
-        n = len(view)
-        emit({"members": n, "leader": ctl.election.is_leader})
+        emit({"status": True, "leader": ctl.election.is_leader})
     ctl.stop()
+    return 0
+
+
+def _probe(endpoint: str) -> int:
+    """The detection probe, a process of its own (its watch decodes every member event of the
+    job, which the product's controller does not do: counted apart, as ``probe`` CPU): a
+    ``MembershipView`` whose ``on_leave`` records the wall time each leave is seen."""
+    from controller.membership import MembershipView
+    from controller.store import Store
+
+    emit = _emitter()
+    store = Store(endpoint)
+
+    def on_leave(group: str, worker: str, info: dict[str, Any]) -> None:
+        emit({"leave": worker, "t": time.time()})
+
+    view = MembershipView(store, JOB, on_leave=on_leave)
+    stop = _until_quit()
+    emit({"ready": True, "pid": os.getpid()})
+    while not stop.wait(0.5):
+        emit({"members": len(view)})
     view.close()
     return 0
 
@@ -576,7 +604,7 @@ class Child:
         for line in self.p.stdout:
             with contextlib.suppress(json.JSONDecodeError):
                 msg = json.loads(line)
-                if "members" in msg:
+                if "members" in msg or "status" in msg:
                     self.last = msg  # periodic status: keep only the newest
                 else:
                     self.q.put(msg)
@@ -645,6 +673,7 @@ def _window(a: dict[str, Any], b: dict[str, Any], n_sims: int) -> dict[str, Any]
     return {
         "seconds": dt,
         "controller_cpu": cpu["controller"],
+        "probe_cpu": cpu["probe"],
         "etcd_cpu": cpu["etcd"],
         "sim_cpu": sim_cpu,
         "bench_cpu": cpu["bench"],
@@ -736,6 +765,9 @@ def run_once(n: int, rep: int, args: argparse.Namespace, profile: bool) -> dict[
         ctl = Child("controller", [*me, "--role", "controller", "--endpoint", endpoint], tmp / "controller.log")
         children.append(ctl)
         ctl.expect("ready", 60)
+        probe = Child("probe", [*me, "--role", "probe", "--endpoint", endpoint], tmp / "probe.log")
+        children.append(probe)
+        probe.expect("ready", 60)
         k = args.sim_procs
         sims: list[Child] = []
         t0 = time.monotonic()
@@ -750,20 +782,21 @@ def run_once(n: int, rep: int, args: argparse.Namespace, profile: bool) -> dict[
         print(f"  n={n} rep {rep + 1}: simulators registered in {max(r['register_s'] for r in reg):.1f} s", flush=True)
         deadline = time.monotonic() + 120
         next_note = time.monotonic() + 10
-        while ctl.last.get("members") != n or not ctl.last.get("leader"):
+        while probe.last.get("members") != n or not ctl.last.get("leader"):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"controller sees {ctl.last} after 120 s, expected {n} members and leadership")
+                raise RuntimeError(f"controller {ctl.last}, probe {probe.last} after 120 s: expected {n} members "
+                                   "and leadership")  # fmt: skip
             if time.monotonic() > next_note:
                 for s in sims:
                     s.send("stats")
                 st = [s.expect("stats", 30) for s in sims]
-                print(f"  waiting: controller {ctl.last}, simulators {st}", flush=True)
+                print(f"  waiting: controller {ctl.last}, probe {probe.last}, simulators {st}", flush=True)
                 next_note += 10
             time.sleep(0.2)
         startup = time.monotonic() - t0
         print(f"  n={n} rep {rep + 1}: {n} workers registered and seen in {startup:.1f} s; warm-up", flush=True)
         time.sleep(args.warmup)
-        pids = {"etcd": etcd.pid, "controller": ctl.pid, "bench": os.getpid()}
+        pids = {"etcd": etcd.pid, "controller": ctl.pid, "probe": probe.pid, "bench": os.getpid()}
         pids.update({s.name: s.pid for s in sims})
         s0 = _snapshot(port, pids, sims)
         time.sleep(args.window)
@@ -807,14 +840,14 @@ def run_once(n: int, rep: int, args: argparse.Namespace, profile: bool) -> dict[
         deadline = time.monotonic() + 4 * args.ttl + 10
         while len(set(kill_t) & set(leave_t)) < len(kill_t) and time.monotonic() < deadline:
             with contextlib.suppress(queue.Empty):
-                msg = ctl.q.get(timeout=0.2)
+                msg = probe.q.get(timeout=0.2)
                 if "leave" in msg:
                     leave_t.setdefault(msg["leave"], msg["t"])
         s3 = _snapshot(port, pids, sims)
         kill = _window(s2, s3, k)
         while True:  # late leaves (false ones included) that came with the last snapshot
             try:
-                msg = ctl.q.get_nowait()
+                msg = probe.q.get_nowait()
             except queue.Empty:
                 break
             if "leave" in msg:
@@ -1011,7 +1044,7 @@ def _extrapolate(
         "2. (Built 2026-12-03: `fault.membership: node`, `controller/nodeagent.py`; `--membership node` "
         "measures it.) One lease per node, not per worker: a node agent holds one lease for all workers on "
         "the node (8 GPUs -> 8 workers), keep-alives drop 8x, on one long-lived stream.",
-        "3. (Built with 2.) Progress through the node agent, batched: one Txn per node per 0.5 s at most, "
+        "3. (Built with 2.) Progress through the node agent, batched: one Txn per node per second at most, "
         "carrying every change of its workers since the last one.",
         "4. Shard the membership prefix (`members/{group}/{shard}/...`) and run one watcher per shard (threads "
         "in separate processes, or several controllers each owning shards), so no single Python consumer "
@@ -1062,6 +1095,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str,
         rows2.append(
             [
                 f"{n:,}",
+                common.fmt(_s(rs, "steady.probe_cpu"), 3),
                 common.fmt(_s(rs, "steady.ranges"), 1),
                 common.fmt(_s(rs, "steady.watch_events"), 0),
                 common.fmt(
@@ -1083,6 +1117,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str,
     side = common.table(
         [
             "workers",
+            "probe CPU s/s",
             "ranges/s",
             "watch events/s",
             "etcd sent MB/s",
@@ -1132,8 +1167,9 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str,
         f"Membership: **{args.membership}** (node: a lease and one batched Txn per node of 8, as "
         "`controller/nodeagent.py` writes; a killed worker is a stopped one, its key deleted after the TTL; "
         "and one whole node stopped, its lease left to expire). "
-        "The controller process runs `Controller.run()` (election + reconcile loop every 0.5 s) and a "
-        "`MembershipView` (see the module docstring of `bench/controller_scale.py`).",
+        "The controller process runs `Controller.run()` (election + reconcile loop every 0.5 s, the runner's "
+        "membership reads); the detection probe (a `MembershipView`) is a process of its own, its CPU apart "
+        "(see the module docstring of `bench/controller_scale.py`).",
         "",
         main,
         "",
@@ -1182,7 +1218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-seconds", type=int, default=15)
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/scale.{json,md}")
     # internal: the child processes
-    ap.add_argument("--role", choices=["bench", "sim", "controller"], default="bench", help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=["bench", "sim", "controller", "probe"], default="bench", help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
@@ -1194,6 +1230,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.role == "controller":
         return _controller(args.endpoint)
+    if args.role == "probe":
+        return _probe(args.endpoint)
 
     mach = common.machine()
     print(f"controller scale: sizes {args.sizes}, {args.repeats} repeats; {common.machine_line(mach)}", flush=True)

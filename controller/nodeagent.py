@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 
 ENV_DIR = "RRL_AGENT_DIR"
 IDLE_S = 60.0
+BATCH_S = 1.0  # at most one write transaction per node per second (a lone change goes at once)
 _TXN_KEYS = 100  # keys per batched transaction (etcd's --max-txn-ops is 128 by default)
 
 
@@ -101,7 +102,7 @@ class _Member:
 class NodeAgent:
     """The agent's state and threads (see module doc); ``serve()`` runs until idle or stopped."""
 
-    def __init__(self, store: Store, ttl: int, path: Path, *, idle_s: float = IDLE_S, batch_s: float = 0.5) -> None:
+    def __init__(self, store: Store, ttl: int, path: Path, *, idle_s: float = IDLE_S, batch_s: float = BATCH_S) -> None:
         self.store, self.ttl, self.path = store, ttl, path
         self.idle_s, self.batch_s = idle_s, batch_s
         self._lock = threading.Lock()
