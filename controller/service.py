@@ -79,6 +79,8 @@ class Controller:
         self.housekeeping_interval = housekeeping_interval
         self.drivers: dict[str, JobDriver] = {}
         self._events: dict[str, EventLog] = {}
+        self._members: dict[str, tuple[dict[str, dict[str, Any]], int]] = {}  # group prefix -> (values, revision)
+        self._members_lock = threading.Lock()
         self._stop = threading.Event()
         self._lease: KeptLease | None = None
         self._outage: float | None = None  # wall time etcd was first unreachable, until a leader records it
@@ -234,10 +236,32 @@ class Controller:
         self.election.fenced_txn(success=[Delete(keys.checkpoint(job, step))])
 
     def members(self, job: str, group: str) -> dict[str, dict[str, Any]]:
-        """The membership records of one group of a job (worker -> value), as etcd has them now."""
+        """The membership records of one group of a job (worker -> value), as etcd has them now.
+
+        Read as a delta of the last read (the runner reads its groups once a second, and a
+        large group changes a fraction of its values in a second): the values modified since
+        (a range with ``min_mod_revision``) and a count of the group at the same revision; if
+        the count says keys went, the group's keys (no values) say which. Only changed values
+        travel and are decoded (BENCHMARKS.md section 6). The values are shared with the
+        cache: read them, do not modify them."""
         prefix = keys.members(job, group)
-        kvs, _ = self.store.range(prefix)
-        return {kv.key[len(prefix) :]: json.loads(kv.value) for kv in kvs}
+        with self._members_lock:
+            held = self._members.get(prefix)
+            if held is None:
+                kvs, rev = self.store.range(prefix)
+                values = {kv.key[len(prefix) :]: json.loads(kv.value) for kv in kvs}
+            else:
+                values, last = held
+                kvs, rev = self.store.range(prefix, min_mod_revision=last + 1)
+                for kv in kvs:
+                    values[kv.key[len(prefix) :]] = json.loads(kv.value)
+                if rev != last:  # something changed: perhaps a deletion
+                    n = self.store.count(prefix, revision=rev)
+                    if n != len(values):  # some went (keys only come back with a change)
+                        present = {k[len(prefix) :] for k in self.store.keys(prefix, revision=rev)}
+                        values = {w: v for w, v in values.items() if w in present}
+            self._members[prefix] = (values, rev)
+            return dict(values)
 
     def checkpoints(self, job: str) -> list[dict[str, Any]]:
         """Committed snapshot records of a job, oldest first."""
@@ -313,6 +337,9 @@ class Controller:
         return True
 
     def _drop_driver(self, job: str) -> None:
+        with self._members_lock:  # the job's membership reads, cached (see members)
+            for prefix in [p for p in self._members if p.startswith(keys.members(job))]:
+                del self._members[prefix]
         d = self.drivers.pop(job, None)
         if d is not None:
             d.stop(final=True)

@@ -553,17 +553,31 @@ class Store:
         resp = self._call(etcdrpc.KVStub, "Range", etcdrpc.RangeRequest(key=_b(key)))
         return KV._from_pb(resp.kvs[0]) if resp.kvs else None
 
-    def range(self, prefix: str, *, revision: int = 0) -> tuple[list[KV], int]:
-        """All keys under ``prefix`` (sorted by key) and the store revision they were read at."""
+    def range(self, prefix: str, *, revision: int = 0, min_mod_revision: int = 0) -> tuple[list[KV], int]:
+        """All keys under ``prefix`` (sorted by key) and the store revision they were read at;
+        with ``min_mod_revision``, only those modified at or after it."""
         req = etcdrpc.RangeRequest(
             key=_b(prefix),
             range_end=_prefix_end(_b(prefix)),
             revision=revision,
+            min_mod_revision=min_mod_revision,
             sort_order=etcdrpc.RangeRequest.ASCEND,
             sort_target=etcdrpc.RangeRequest.KEY,
         )
         resp = self._call(etcdrpc.KVStub, "Range", req)
         return [KV._from_pb(kv) for kv in resp.kvs], resp.header.revision
+
+    def count(self, prefix: str, *, revision: int = 0) -> int:
+        """How many keys are under ``prefix`` (at ``revision``; 0: now)."""
+        req = etcdrpc.RangeRequest(key=_b(prefix), range_end=_prefix_end(_b(prefix)), revision=revision,
+                                   count_only=True)  # fmt: skip
+        return int(self._call(etcdrpc.KVStub, "Range", req).count)
+
+    def keys(self, prefix: str, *, revision: int = 0) -> list[str]:
+        """The keys under ``prefix`` (at ``revision``; 0: now), without their values."""
+        req = etcdrpc.RangeRequest(key=_b(prefix), range_end=_prefix_end(_b(prefix)), revision=revision,
+                                   keys_only=True)  # fmt: skip
+        return [kv.key.decode() for kv in self._call(etcdrpc.KVStub, "Range", req).kvs]
 
     def next_key(self, start: str, end: str) -> str | None:
         """The first key in ``[start, end)`` (keys only, one key read), or None."""

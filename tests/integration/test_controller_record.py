@@ -208,3 +208,42 @@ def test_leaders_that_stop_cleanly_hand_the_job_over_without_a_strike(etcd: Etcd
         t.join(timeout=10)
         st = jobs.get(store, "calm2").state
         assert st.get("runner") is None and st.get("runner_strikes", 0) == 0 and st["phase"] == "RUNNING", st
+
+
+def test_members_reads_the_changes_since_its_last_read_and_finds_the_keys_that_went(etcd: EtcdServer) -> None:
+    """Controller.members (the runner's once-a-second reads) reads a delta of its last read:
+    it must still equal a full read after puts, deletions, a key that went and came back,
+    and other groups' writes."""
+    import json
+
+    from controller import keys
+
+    store = etcd.store()
+    c = Controller(store, "members-test")
+
+    def put(g: str, w: str, **v: object) -> None:
+        store.put(keys.member("job-m", g, w), json.dumps(v))
+
+    def full(g: str) -> dict[str, dict]:
+        prefix = keys.members("job-m", g)
+        return {kv.key[len(prefix) :]: json.loads(kv.value) for kv in store.range(prefix)[0]}
+
+    for w in range(5):
+        put("rollout", str(w), status="idle", step=0)
+    put("trainer", "0", status="ready")
+    assert c.members("job-m", "rollout") == full("rollout") and len(full("rollout")) == 5
+    assert c.members("job-m", "rollout") == full("rollout")  # nothing changed: one range, nothing in it
+    put("rollout", "1", status="busy", step=1)  # a change
+    put("trainer", "0", status="busy")  # another group's: not this group's business
+    assert c.members("job-m", "rollout")["1"] == {"status": "busy", "step": 1}
+    store.delete(keys.member("job-m", "rollout", "2"))  # a key that went
+    put("rollout", "5", status="idle", step=0)  # and one that came, in the same interval
+    assert c.members("job-m", "rollout") == full("rollout") and "2" not in full("rollout")
+    store.delete(keys.member("job-m", "rollout", "3"))
+    put("rollout", "3", status="starting")  # gone and back between two reads
+    store.delete(keys.member("job-m", "rollout", "4"))
+    got = c.members("job-m", "rollout")
+    assert got == full("rollout") and got["3"] == {"status": "starting"} and "4" not in got
+    got["0"] = {"mutated": True}  # the caller's copy of the mapping: the next read is not affected
+    assert c.members("job-m", "rollout") == full("rollout")
+    assert c.members("job-m", "trainer") == {"0": {"status": "busy"}}
