@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +32,8 @@ def _spec(name: str, workdir: Path, **over: Any) -> dict[str, Any]:
         "steps": 5,
         "seed": 3,
         "checkpoint": {"dir": str(workdir)},
+        # RRL_TEST_MEMBERSHIP=node runs these jobs with node-level leases (issue 21's acceptance)
+        "fault": {"membership": os.environ.get("RRL_TEST_MEMBERSHIP", "worker")},
     }
     for k, v in over.items():
         spec[k] = {**spec[k], **v} if isinstance(v, dict) and isinstance(spec.get(k), dict) else v
