@@ -947,7 +947,8 @@ def _s(runs: list[dict[str, Any]], path: str) -> dict[str, float]:
 def _extrapolate(
     by_n: dict[int, list[dict[str, Any]]], args: argparse.Namespace, target: int
 ) -> tuple[str, dict[str, Any]]:
-    """Per-worker costs from the two largest sizes (slope, so fixed costs drop out), scaled to ``target``."""
+    """Per-worker costs: the least-squares slope of each figure's medians over the measured sizes
+    (so fixed costs drop out), scaled from the largest size to ``target``."""
     sizes = sorted(by_n)
     hi = sizes[-1]
     lo = sizes[0] if len(sizes) > 1 else 0
@@ -956,7 +957,9 @@ def _extrapolate(
     def slope(k: str) -> float:
         if lo == 0:
             return med[hi][k] / hi
-        return (med[hi][k] - med[lo][k]) / (hi - lo)
+        mean_n = statistics.mean(sizes)
+        mean_y = statistics.mean(med[n][k] for n in sizes)
+        return sum((n - mean_n) * (med[n][k] - mean_y) for n in sizes) / sum((n - mean_n) ** 2 for n in sizes)
 
     def at(k: str) -> float:
         return med[hi][k] + slope(k) * (target - hi)
@@ -988,8 +991,8 @@ def _extrapolate(
         **per,
     }
     lines = [
-        f"Per-worker cost = slope between {lo:,} and {hi:,} workers (medians of the steady windows), so fixed costs "
-        "drop out:",
+        f"Per-worker cost = least-squares slope over {', '.join(f'{n:,}' for n in sizes)} workers (medians of the "
+        "steady windows), so fixed costs drop out:",
         "",
         f"- controller: {per['controller_cpu_per_worker_ms']:.3f} ms CPU per second per worker; "
         f"etcd: {per['etcd_cpu_per_worker_ms']:.3f} ms CPU/s per worker, {per['etcd_req_per_worker']:.3f} requests/s "
