@@ -155,10 +155,10 @@ class NodeAgent:
                 for line in lines:
                     try:
                         msg = json.loads(line)
-                    except ValueError:
-                        continue
-                    if self._on_message(m, msg):
-                        return
+                        if self._on_message(m, msg):
+                            return
+                    except (ValueError, KeyError, TypeError, AttributeError) as e:  # not our protocol: dropped
+                        log.warning("node agent: a message that is not the protocol's (%s): %.200r", e, line)
         except OSError:
             pass
         finally:

@@ -200,3 +200,16 @@ def test_the_node_keys_come_back_on_a_new_lease_after_etcd_was_down_past_the_ttl
     reg.update(status="busy")
     assert reg.flush(10) and (_value(other, reg.key) or {})["status"] == "busy"
     reg.close()
+
+
+def test_garbage_on_the_agents_socket_is_dropped_and_the_agent_serves_on(store: Store, agents: list[int]) -> None:
+    reg = register(store, "job-g", "rollout", "0", node=True, ttl=TTL, status="ready")
+    pid = _agent_pid(store)
+    agents.append(pid)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(agent_path(store.endpoints, TTL, store.tls)))
+        s.sendall(b'not json\n{"op": "put"}\n[1, 2]\n{"op": "put", "value": 1, "gen": "x"}\n\xff\xfe\n')
+    reg.update(status="busy", step=1)
+    assert reg.flush(5) and (_value(store, reg.key) or {})["step"] == 1
+    os.kill(pid, 0)  # still the same agent
+    reg.close()
