@@ -253,6 +253,9 @@ class Controller:
             else:
                 values, last = held
                 kvs, rev = self.store.range(prefix, min_mod_revision=last + 1)
+                if rev < last:  # another etcd history (a restore from a snapshot): read it whole
+                    kvs, rev = self.store.range(prefix)
+                    values = {}
                 for kv in kvs:
                     values[kv.key[len(prefix) :]] = json.loads(kv.value)
                 if rev != last:  # something changed: perhaps a deletion
