@@ -216,16 +216,6 @@ class Registration:
                 self._lease = None
 
 
-def register(store: Store, job: str, group: str, worker: str, *, node: bool = False, **kw: Any) -> Registration:
-    """A worker's membership: on a lease of its own (:class:`Registration`), or with ``node``
-    kept by its node's agent on the node's lease (``controller.nodeagent``, the same interface)."""
-    if node:
-        from .nodeagent import NodeRegistration
-
-        return NodeRegistration(store, job, group, worker, **kw)  # type: ignore[return-value]
-    return Registration(store, job, group, worker, **kw)
-
-
 Callback = Callable[[str, str, dict[str, Any]], None]
 
 

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from .etcd_types import EtcdError, EtcdUnavailable
-from .membership import swap
+from .membership import Registration, swap
 from .store import Compare, Delete, Put, Store
 
 log = logging.getLogger(__name__)
@@ -503,6 +503,14 @@ class NodeRegistration:
                 log.info("member %s: node agent unreachable: %s", self.key, e)
                 with self._lock:
                     self._sock = None
+
+
+def register(store: Store, job: str, group: str, worker: str, *, node: bool = False, **kw: Any) -> Registration:
+    """A worker's membership: on a lease of its own (:class:`Registration`), or with ``node``
+    kept by its node's agent on the node's lease (:class:`NodeRegistration`, the same interface)."""
+    if node:
+        return NodeRegistration(store, job, group, worker, **kw)  # type: ignore[return-value]
+    return Registration(store, job, group, worker, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:

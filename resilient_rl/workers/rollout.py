@@ -32,7 +32,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from checkpoints.journal import Journal, ShardRef
-from controller.membership import Registration, register
+from controller.membership import Registration
+from controller.nodeagent import register
 from controller.store import Store
 
 from ..algo.dynamic import round_sample_number, varied

@@ -34,7 +34,8 @@ import torch.distributed as dist
 from checkpoints.backends import PendingSnapshot, SnapshotError, make_backend
 from checkpoints.journal import Journal, atomic_write
 from checkpoints.snapshots import snapshot_dir, write_manifest
-from controller.membership import Registration, register
+from controller.membership import Registration
+from controller.nodeagent import register
 from controller.store import Store
 
 from ..naming import NAMESPACE, actor_name

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from controller import keys
-from controller.membership import Registration, register
-from controller.nodeagent import NodeRegistration, agent_path
+from controller.membership import Registration
+from controller.nodeagent import NodeRegistration, agent_path, register
 from controller.store import Store
 from tests.conftest import EtcdServer
 
@@ -90,7 +90,7 @@ def test_the_workers_of_a_node_share_one_lease_and_a_burst_of_changes_is_one_tra
 _WORKER = """
 import sys, time
 sys.path.insert(0, {repo!r})
-from controller.membership import register
+from controller.nodeagent import register
 from controller.store import Store
 reg = register(Store({endpoint!r}), "job-w", "rollout", {worker!r}, node=True, ttl={ttl}, status="ready")
 print("registered", flush=True)
