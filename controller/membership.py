@@ -68,7 +68,97 @@ def swap(
     raise EtcdError(f"member {key}: the key kept changing under a compare-and-swap")
 
 
-class Registration:
+class Member:
+    """What every kind of membership registration shares: the value (``info``) under one
+    incarnation, its generations (the newest one set, the newest one written), ``update``,
+    ``note``, ``flush`` and what happens once another incarnation holds the key. Subclasses
+    decide how the value reaches etcd: :class:`Registration` on a lease of its own,
+    :class:`~controller.nodeagent.NodeRegistration` through the node's agent. Each calls
+    ``_start`` once it can write, and ``_mark_written`` / ``_superseded_by`` as etcd answers."""
+
+    def __init__(
+        self,
+        job: str,
+        group: str,
+        worker: str,
+        *,
+        ttl: int,
+        on_superseded: Callable[[dict[str, Any]], None] | None,
+        fields: dict[str, Any],
+    ) -> None:
+        self.key = keys.member(job, group, worker)
+        self.ttl = ttl
+        self.incarnation = uuid.uuid4().hex[:16]
+        self.info: dict[str, Any] = {
+            "node": socket.gethostname(),
+            "pid": os.getpid(),
+            "status": "starting",
+            **fields,
+            "incarnation": self.incarnation,
+        }
+        self.info["progress_at"] = time.time()
+        self._lock = threading.Lock()
+        self._gen, self._written = 1, 0  # value generation, and the newest one etcd has
+        self._on_superseded = on_superseded
+        self.superseded: dict[str, Any] | None = None  # the value that replaced ours, once it has
+        self._closed = threading.Event()
+        self._wake = threading.Event()
+
+    @property
+    def lease_id(self) -> int:
+        raise NotImplementedError
+
+    def update(self, **fields: Any) -> None:
+        """Merge ``fields`` into the member value; written soon by the registration's thread
+        (see class doc). Never blocks on etcd."""
+        self.note(**fields)
+        self._wake.set()
+
+    def note(self, **fields: Any) -> None:
+        """``update`` without waking the writer: the value is written at its next period (at
+        most ``ttl / 3``, 1 s) or with the next ``update``, whichever comes first. For a
+        status that matters only if it lasts (a weight load): a short one costs no write."""
+        with self._lock:
+            self.info.update(fields)
+            self.info["progress_at"] = time.time()
+            self._gen += 1
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until the newest value is written; False if it is not within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._written == self._gen:
+                    return True
+                if self.superseded is not None:
+                    return False
+            self._wake.set()
+            time.sleep(0.02)
+        return False
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _superseded_by(self, held: dict[str, Any]) -> None:
+        """Another incarnation holds the key: write no more, and tell the owner."""
+        with self._lock:
+            self.superseded = held
+        log.warning(
+            "member %s: replaced by pid %s (incarnation %s); this one (pid %s) writes no more",
+            self.key, held.get("pid"), held.get("incarnation"), os.getpid(),
+        )  # fmt: skip
+        if self._on_superseded is not None:
+            self._on_superseded(held)
+
+    def _start(self, worker: str) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"member:{worker}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Registration(Member):
     """A worker's membership key, kept alive on its own lease.
 
     ``update(**fields)`` merges fields (status, version, progress...) into the
@@ -91,29 +181,12 @@ class Registration:
         on_superseded: Callable[[dict[str, Any]], None] | None = None,
         **fields: Any,
     ) -> None:
+        super().__init__(job, group, worker, ttl=ttl, on_superseded=on_superseded, fields=fields)
         self.store = store
-        self.key = keys.member(job, group, worker)
-        self.ttl = ttl
-        self.incarnation = uuid.uuid4().hex[:16]
-        self.info: dict[str, Any] = {
-            "node": socket.gethostname(),
-            "pid": os.getpid(),
-            "status": "starting",
-            **fields,
-            "incarnation": self.incarnation,
-        }
-        self._lock = threading.Lock()
         self._lease: KeptLease | None = None
-        self._gen, self._written = 1, 0  # value generation, and the newest one etcd has
         self._mod: int | None = None  # the key's mod revision as this incarnation last wrote it
-        self._on_superseded = on_superseded
-        self.superseded: dict[str, Any] | None = None  # the value that replaced ours, once it has
-        self._closed = threading.Event()
-        self._wake = threading.Event()
-        self.info["progress_at"] = time.time()
         self._register()
-        self._thread = threading.Thread(target=self._run, name=f"member:{worker}", daemon=True)
-        self._thread.start()
+        self._start(worker)
 
     @property
     def lease_id(self) -> int:
@@ -151,42 +224,7 @@ class Registration:
         if held is None:
             self._mod = mod
             return True
-        with self._lock:
-            self.superseded = held
-        log.warning(
-            "member %s: replaced by pid %s (incarnation %s); this one (pid %s) writes no more",
-            self.key, held.get("pid"), held.get("incarnation"), os.getpid(),
-        )  # fmt: skip
-        if self._on_superseded is not None:
-            self._on_superseded(held)
-        return False
-
-    def update(self, **fields: Any) -> None:
-        """Merge ``fields`` into the member value; written soon by the registration's thread
-        (see class doc). Never blocks on etcd."""
-        self.note(**fields)
-        self._wake.set()
-
-    def note(self, **fields: Any) -> None:
-        """``update`` without waking the writer: the value is written at its next period (at
-        most ``ttl / 3``, 1 s) or with the next ``update``, whichever comes first. For a
-        status that matters only if it lasts (a weight load): a short one costs no write."""
-        with self._lock:
-            self.info.update(fields)
-            self.info["progress_at"] = time.time()
-            self._gen += 1
-
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until the newest value is written; False if it is not within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._written == self._gen:
-                    return True
-                if self.superseded is not None:
-                    return False
-            self._wake.set()
-            time.sleep(0.02)
+        self._superseded_by(held)
         return False
 
     def _run(self) -> None:

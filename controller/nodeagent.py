@@ -47,14 +47,13 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .etcd_types import EtcdError, EtcdUnavailable
-from .membership import Registration, swap
+from .membership import Member, Registration, swap
 from .store import Compare, Delete, Put, Store
 
 log = logging.getLogger(__name__)
@@ -70,6 +69,11 @@ def agent_path(endpoints: Sequence[str], ttl: int, tls: bool = False) -> Path:
     root = Path(os.environ.get(ENV_DIR) or Path(tempfile.gettempdir()) / "rrl-agents")
     tag = hashlib.sha256(f"{','.join(sorted(endpoints))}|{ttl}|{tls}".encode()).hexdigest()[:12]
     return root / f"agent-{tag}.sock"
+
+
+def _send_line(sock: socket.socket, msg: dict[str, Any]) -> None:
+    """One protocol message: a JSON object on a line of its own."""
+    sock.sendall((json.dumps(msg) + "\n").encode())
 
 
 # -- the agent ------------------------------------------------------------------------------
@@ -96,7 +100,7 @@ class _Member:
 
     def send(self, msg: dict[str, Any]) -> None:
         with self.send_lock, contextlib.suppress(OSError):
-            self.conn.sendall((json.dumps(msg) + "\n").encode())
+            _send_line(self.conn, msg)
 
 
 class NodeAgent:
@@ -325,10 +329,10 @@ def run_agent(endpoints: str, ttl: int, path: Path, idle_s: float = IDLE_S) -> i
 # -- the worker's side ----------------------------------------------------------------------
 
 
-class NodeRegistration:
-    """A worker's membership key kept by its node's agent: the interface of
-    :class:`~controller.membership.Registration` (``update``, ``note``, ``flush``, ``close``,
-    ``superseded``, ``info``), with node-level leases (see module doc)."""
+class NodeRegistration(Member):
+    """A worker's membership key kept by its node's agent: a
+    :class:`~controller.membership.Member` as :class:`~controller.membership.Registration` is,
+    with node-level leases (see module doc)."""
 
     def __init__(
         self,
@@ -341,35 +345,17 @@ class NodeRegistration:
         on_superseded: Callable[[dict[str, Any]], None] | None = None,
         **fields: Any,
     ) -> None:
-        from . import keys
-
-        self.key = keys.member(job, group, worker)
-        self.ttl = ttl
-        self.incarnation = uuid.uuid4().hex[:16]
-        self.info: dict[str, Any] = {
-            "node": socket.gethostname(),
-            "pid": os.getpid(),
-            "status": "starting",
-            **fields,
-            "incarnation": self.incarnation,
-        }
-        self.info["progress_at"] = time.time()
+        super().__init__(job, group, worker, ttl=ttl, on_superseded=on_superseded, fields=fields)
         eps = [("https://" if store.tls else "") + e for e in store.endpoints]
         self._endpoints = ",".join(eps)
         self.path = agent_path(store.endpoints, ttl, store.tls)
-        self._lock = threading.Lock()
-        self._gen, self._sent, self._written = 1, 0, 0
+        self._sent = 0  # the newest generation sent to the agent
         self._took = False  # the first write (which takes the key) was sent
         self._lease = 0
         self._sock: socket.socket | None = None
-        self._on_superseded = on_superseded
-        self.superseded: dict[str, Any] | None = None
         self._left = threading.Event()
-        self._closed = threading.Event()
-        self._wake = threading.Event()
         self._connect(deadline=time.monotonic() + 30)
-        self._thread = threading.Thread(target=self._run, name=f"member:{worker}", daemon=True)
-        self._thread.start()
+        self._start(worker)
         if not self.flush(timeout=store.retry_window):
             self.close()
             raise EtcdUnavailable(f"member {self.key}: the node agent ({self.path}) did not write it")
@@ -377,28 +363,6 @@ class NodeRegistration:
     @property
     def lease_id(self) -> int:
         return self._lease
-
-    def update(self, **fields: Any) -> None:
-        self.note(**fields)
-        self._wake.set()
-
-    def note(self, **fields: Any) -> None:
-        with self._lock:
-            self.info.update(fields)
-            self.info["progress_at"] = time.time()
-            self._gen += 1
-
-    def flush(self, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._written == self._gen:
-                    return True
-                if self.superseded is not None:
-                    return False
-            self._wake.set()
-            time.sleep(0.02)
-        return False
 
     def close(self) -> None:
         """Leave: the agent deletes the key (if still this incarnation's) before answering."""
@@ -409,15 +373,12 @@ class NodeRegistration:
         sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
-                self._send(sock, {"op": "bye"})
+                _send_line(sock, {"op": "bye"})
                 self._left.wait(5.0)
             with contextlib.suppress(OSError):
                 sock.close()
 
     # -- connection -----------------------------------------------------------------------
-
-    def _send(self, sock: socket.socket, msg: dict[str, Any]) -> None:
-        sock.sendall((json.dumps(msg) + "\n").encode())
 
     def _connect(self, deadline: float) -> None:
         """Connect to the node's agent (starting one if there is none) and register."""
@@ -438,8 +399,8 @@ class NodeRegistration:
         with self._lock:
             value, gen, take = json.dumps(self.info), self._gen, not self._took
             self._took, self._sent = True, gen
-        self._send(sock, {"op": "hello", "key": self.key, "incarnation": self.incarnation})
-        self._send(sock, {"op": "put", "value": value, "gen": gen, "take": take})
+        _send_line(sock, {"op": "hello", "key": self.key, "incarnation": self.incarnation})
+        _send_line(sock, {"op": "put", "value": value, "gen": gen, "take": take})
         self._sock = sock
         threading.Thread(target=self._reader, args=(sock,), name="member-agent", daemon=True).start()
 
@@ -463,13 +424,7 @@ class NodeRegistration:
                             self._written = max(self._written, int(msg["written"]))
                             self._lease = int(msg.get("lease", self._lease))
                     elif "superseded" in msg:
-                        held = msg["superseded"] if isinstance(msg["superseded"], dict) else {}
-                        with self._lock:
-                            self.superseded = held
-                        log.warning("member %s: replaced by pid %s (incarnation %s); this one (pid %s) writes no more",
-                                    self.key, held.get("pid"), held.get("incarnation"), os.getpid())  # fmt: skip
-                        if self._on_superseded is not None:
-                            self._on_superseded(held)
+                        self._superseded_by(msg["superseded"] if isinstance(msg["superseded"], dict) else {})
                     elif msg.get("left"):
                         self._left.set()
         except (OSError, ValueError):
@@ -498,18 +453,18 @@ class NodeRegistration:
                     self._sent = gen
                 sock = self._sock
                 if sock is not None:
-                    self._send(sock, {"op": "put", "value": value, "gen": gen} if fresh else {"op": "ping"})
+                    _send_line(sock, {"op": "put", "value": value, "gen": gen} if fresh else {"op": "ping"})
             except (OSError, EtcdError) as e:
                 log.info("member %s: node agent unreachable: %s", self.key, e)
                 with self._lock:
                     self._sock = None
 
 
-def register(store: Store, job: str, group: str, worker: str, *, node: bool = False, **kw: Any) -> Registration:
+def register(store: Store, job: str, group: str, worker: str, *, node: bool = False, **kw: Any) -> Member:
     """A worker's membership: on a lease of its own (:class:`Registration`), or with ``node``
     kept by its node's agent on the node's lease (:class:`NodeRegistration`, the same interface)."""
     if node:
-        return NodeRegistration(store, job, group, worker, **kw)  # type: ignore[return-value]
+        return NodeRegistration(store, job, group, worker, **kw)
     return Registration(store, job, group, worker, **kw)
 
 

@@ -60,6 +60,15 @@ class RolloutGroup:
         self.served_by: dict[int, str] = {}  # index -> the promoted spare serving it (its actor name)
         self._from_spare: dict[int, str] = {}  # index -> spare name, until its join is recorded
         self.draining: dict[int, float] = {}  # index -> deadline: on a Ray node being drained (see drain)
+        self._early: dict[int, Any] = {}  # index -> a worker created by prestart, joined by start
+
+    def prestart(self, n: int) -> None:
+        """Create the workers of a fresh start now, before the trainer group is up: an engine
+        comes up (process, imports, model) while the ranks do, rather than after them. They
+        join in :meth:`start`, which they wait for (their first call queues behind their
+        constructor). Not for a take-over: a worker found running is adopted there."""
+        for i in range(n):
+            self._early[i] = self._create(i)
 
     def _placement(self) -> Placement:
         r = self.ctx.spec.rollout
@@ -82,8 +91,10 @@ class RolloutGroup:
         self.joining[ref] = (i, time.monotonic())
 
     def add(self, i: int, version: int, weights: Any) -> None:
-        """Start worker ``i``; it joins ``idle`` once it holds ``version`` (async)."""
-        self._join(i, self._create(i), version, weights)
+        """Start worker ``i`` (or take the one :meth:`prestart` made); it joins ``idle`` once it
+        holds ``version`` (async)."""
+        early = self._early.pop(i, None)
+        self._join(i, early if early is not None else self._create(i), version, weights)
         self._serve(i, None)
 
     def _promote(self, i: int, name: str, spare: Any, version: int, weights: Any) -> None:
@@ -124,8 +135,10 @@ class RolloutGroup:
         missing = []
         recorded = {int(i): str(name) for i, name in (self.ctx.read_state().get("rollout_actors") or {}).items()}
         self.served_by = dict(recorded)
+        for i in [j for j in self._early if j >= n]:  # resized between the prestart and now
+            A.kill(self._early.pop(i))
         for i in range(max(n, 16, self.ctx.spec.rollout.max_replicas or 0)):
-            a = A.find(recorded.get(i) or self.ctx.actor_name("rollout", i))
+            a = None if i in self._early else A.find(recorded.get(i) or self.ctx.actor_name("rollout", i))
             if i >= n:
                 if a is not None:
                     A.kill(a)

@@ -221,6 +221,8 @@ class JobRunner:
         t0 = time.monotonic()
         self.trainers = TrainerGroup(self.ctx, model_dir, self.faults)
         self.rollouts = RolloutGroup(self.ctx, model_dir, self.faults)
+        if not was_running:  # a fresh start: the engines come up beside the ranks, not after them
+            self.rollouts.prestart(self._want("rollout"))
         got = self.trainers.adopt(k, self._want("trainer"))
         if got is None and was_running:  # ranks lost or stuck while no leader watched: a fault too
             self.faults.detected(classify("trainer", cause="take_over"))
@@ -781,13 +783,18 @@ class JobRunner:
         A = self.actors
         if not self._connected:
             return
+        warming: set[str] = set()  # a shutdown call would wait for their warm-up (seconds): killed at once
+        for group in (getattr(self, "trainers", None), getattr(self, "rollouts", None)):
+            with contextlib.suppress(Exception):
+                warming |= group.spares.still_warming() if group is not None else set()
         for name in [
             *A.names(actor_prefix(self.job, "trainer-spare")),
             *A.names(actor_prefix(self.job, "rollout-spare")),
         ]:
             if (spare := A.find(name)) is not None:  # spares (and promoted ones) have names beyond the indices
-                with contextlib.suppress(Exception):
-                    A.get(A.call(spare, "shutdown"), timeout=5)
+                if name not in warming:
+                    with contextlib.suppress(Exception):
+                        A.get(A.call(spare, "shutdown"), timeout=5)
                 A.kill(spare)
         for g in ("rollout", "trainer", "weights"):
             for i in range(max(16, self._want(g) if g != "weights" else 1, self.spec.rollout.max_replicas or 0)):

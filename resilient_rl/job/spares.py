@@ -46,6 +46,11 @@ class SparePool:
         """The actor names of every spare this pool holds or is warming."""
         return {n for n, _ in self.ready} | {n for n, _ in self.warming.values()}
 
+    def still_warming(self) -> set[str]:
+        """The names of the spares whose warm-up has not ended: a call to one queues behind it."""
+        self._take_in_warmed()
+        return {n for n, _ in self.warming.values()}
+
     def forget(self) -> None:
         """Drop every spare from the pool (their actors were killed by name)."""
         self.ready, self.warming = [], {}

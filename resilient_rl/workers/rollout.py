@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from checkpoints.journal import Journal, ShardRef
-from controller.membership import Registration
+from controller.membership import Member
 from controller.nodeagent import register
 from controller.store import Store
 
@@ -122,7 +122,7 @@ class RolloutWorker:
     def _preempted_fields(self) -> dict[str, Any]:
         return {"status": "preempted", **self.preemption.fields()}
 
-    def _register(self, group: str, worker: str, **fields: Any) -> Registration:
+    def _register(self, group: str, worker: str, **fields: Any) -> Member:
         return register(self.store, self.job, group, worker, node=self.spec.fault.membership == "node",
                         ttl=self.spec.fault.lease_ttl, version=self.version, engine=self.spec.rollout.engine,
                         ray_node=self._node, on_superseded=exit_superseded,

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from checkpoints.backends import PendingSnapshot, SnapshotError, make_backend
 from checkpoints.journal import Journal, atomic_write
 from checkpoints.snapshots import snapshot_dir, write_manifest
-from controller.membership import Registration
+from controller.membership import Member
 from controller.nodeagent import register
 from controller.store import Store
 
@@ -153,7 +153,7 @@ class TrainerRank:
         """Wall time of the SIGTERM that asked this rank to leave."""
         return self.preemption.at
 
-    def _register(self, group: str, worker: str, **fields: Any) -> Registration:
+    def _register(self, group: str, worker: str, **fields: Any) -> Member:
         return register(self.store, self.job, group, worker, node=self.spec.fault.membership == "node",
                         ttl=self.spec.fault.lease_ttl, world=self.world, ray_node=_node_id(),
                         on_superseded=exit_superseded, log=self.log.path.name if self.log else None,

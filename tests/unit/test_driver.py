@@ -24,6 +24,7 @@ from controller import steplog
 from controller.http import views
 from controller.jobs import JobRecord
 from resilient_rl.job.runner import JobRunner
+from resilient_rl.naming import actor_name
 from resilient_rl.spec import parse_spec
 from tests.helpers.fake_controller import FakeController, LeaderTerm
 from tests.helpers.fake_workers import Script, fake_layer
@@ -108,6 +109,24 @@ def test_a_job_runs_every_step_once_and_commits_them_in_order(tmp_path: Path) ->
     assert sorted(job.c.records) == [2, 4]  # every 2 committed steps
     lines = [json.loads(x)["step"] for x in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()]
     assert lines == [0, 1, 2, 3]  # the metrics file in commit order
+
+
+def test_a_fresh_start_creates_the_rollout_workers_before_the_trainer_ranks(tmp_path: Path) -> None:
+    """The engines come up beside the ranks (one job start's worth of seconds), each worker
+    created once and joined; a new leader's take-over creates none (it adopts them)."""
+    job = Job(tmp_path, Script(train_delay_s=0.05), steps=6)
+    first = job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 2)
+    order = [n for n, _ in job.layer.created]
+    rollouts = [n for n in order if ":rollout:" in n]
+    assert sorted(rollouts) == [actor_name("drv", "rollout", i) for i in range(2)]  # each once
+    assert order.index(rollouts[-1]) < min(order.index(n) for n in order if ":trainer:" in n), order
+    job.c.leads = False
+    first.stop(final=False)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert [n for n, _ in job.layer.created if ":rollout:" in n] == rollouts  # adopted, none prestarted
+    assert job.events("adopted")[0]["rollouts"] == 2
 
 
 def test_a_new_leader_adopts_the_running_workers_and_applies_no_step_twice(tmp_path: Path) -> None:
