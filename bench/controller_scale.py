@@ -129,6 +129,11 @@ def msum(m: dict[str, float], name: str, *needles: str) -> float:
 # --- the simulated workers (one process holds many) ---------------------------------------------
 
 
+def _next_due(due: float, now: float, every: float) -> float:
+    """Keep the cadence, but never burst to catch up more than one period."""
+    return due + every if now - due < every else now + every
+
+
 class _Sim:
     """``count`` workers on one gRPC channel; commands on stdin, JSON lines on stdout.
 
@@ -220,7 +225,6 @@ class _Sim:
         import grpc
         from pyetcd import etcdrpc
 
-        loop = asyncio.get_running_loop()
         channel = grpc.aio.insecure_channel(self.endpoint)
         kv = etcdrpc.KVStub(channel)
         lease = etcdrpc.LeaseStub(channel)
@@ -289,9 +293,9 @@ class _Sim:
                     due, kind, i = heapq.heappop(heap)
                     if i in self.dead:
                         continue
-                    every = self.ka_every if kind == 0 else self.progress_every
-                    # keep the cadence, but never burst to catch up more than one period
-                    heapq.heappush(heap, (due + every if now - due < every else now + every, kind, i))
+                    heapq.heappush(
+                        heap, (_next_due(due, now, self.ka_every if kind == 0 else self.progress_every), kind, i)
+                    )
                     if kind == 0:
                         self.lags.append(now - due)
                         await ka.write(self.ka_req[i])
@@ -302,12 +306,16 @@ class _Sim:
                         t.add_done_callback(pending.discard)
                 await asyncio.sleep(min(0.05, max(0.0, heap[0][0] - time.monotonic())) if heap else 0.05)
 
-        reader = asyncio.create_task(read_ka())
-        scheduler = asyncio.create_task(schedule())
+        await self._serve(read_ka(), schedule(), [register(i) for i in self.ids], ka, channel)
+
+    async def _serve(self, read_ka: Any, schedule: Any, registers: list[Any], ka: Any, channel: Any) -> None:
+        """Register every worker (node), say ``ready``, then run until ``quit``."""
+        reader = asyncio.create_task(read_ka)
+        scheduler = asyncio.create_task(schedule)
         t0 = time.monotonic()
-        await asyncio.gather(*(register(i) for i in self.ids))
+        await asyncio.gather(*registers)
         self.emit({"ready": len(self.ids), "pid": os.getpid(), "register_s": time.monotonic() - t0})
-        threading.Thread(target=self._stdin, args=(loop,), daemon=True).start()
+        threading.Thread(target=self._stdin, args=(asyncio.get_running_loop(),), daemon=True).start()
         while not self.quit.is_set():
             await asyncio.sleep(0.1)
         await scheduler
@@ -449,16 +457,14 @@ class _NodeSim(_Sim):
                     if kind == 0:  # a node's keep-alive
                         if x in self.dead_nodes:
                             continue
-                        heapq.heappush(heap, (due + self.ka_every if now - due < self.ka_every else now + self.ka_every,
-                                              0, x))  # fmt: skip
+                        heapq.heappush(heap, (_next_due(due, now, self.ka_every), 0, x))
                         self.lags.append(now - due)
                         await ka.write(self.ka_req[x])
                         self.stats["ka_sent"] += 1
                     elif kind == 1:  # a worker's progress change: its node writes it, batched
                         if x in self.dead:
                             continue
-                        every = self.progress_every
-                        heapq.heappush(heap, (due + every if now - due < every else now + every, 1, x))
+                        heapq.heappush(heap, (_next_due(due, now, self.progress_every), 1, x))
                         nd = x // 8
                         self.dirty[nd].add(x)
                         if nd not in self.flush_due:
@@ -472,18 +478,7 @@ class _NodeSim(_Sim):
                         spawn(drop(x))
                 await asyncio.sleep(min(0.05, max(0.0, heap[0][0] - time.monotonic())) if heap else 0.05)
 
-        reader = asyncio.create_task(read_ka())
-        scheduler = asyncio.create_task(schedule())
-        t0 = time.monotonic()
-        await asyncio.gather(*(register(nd) for nd in self.nodes))
-        self.emit({"ready": len(self.ids), "pid": os.getpid(), "register_s": time.monotonic() - t0})
-        threading.Thread(target=self._stdin, args=(asyncio.get_running_loop(),), daemon=True).start()
-        while not self.quit.is_set():
-            await asyncio.sleep(0.1)
-        await scheduler
-        reader.cancel()
-        ka.cancel()
-        await channel.close()
+        await self._serve(read_ka(), schedule(), [register(nd) for nd in self.nodes], ka, channel)
 
 
 # --- the controller process ---------------------------------------------------------------------
