@@ -71,7 +71,31 @@ def replay_plan(
         end = start
         seg = next((s for s in reversed(segs) if s["at_step"] < start), None)
     parts.reverse()
-    return [p for p in parts if p.end > p.start or p is parts[-1]]
+    return _merged([p for p in parts if p.end > p.start or p is parts[-1]])
+
+
+def _merged(parts: list[Part]) -> list[Part]:
+    """Adjacent parts at the same settings run as one part: one fresh trainer and no hand-over
+    snapshot instead of one per restart (a chaos run restarts its trainer several times).
+
+    That equals the live run because a restore is exact (the chaos harness's invariant 4
+    checks it on every run) and, with at most two ranks, a gradient sum does not depend on
+    how DDP or FSDP buckets it (a + b == b + a), which a restarted group lays out anew.
+    Beyond two ranks the order of a ring's sums follows the buckets, so each segment keeps
+    a process of its own there, as it ran."""
+    out: list[Part] = []
+    for p in parts:
+        q = out[-1] if out else None
+        if (
+            q is not None
+            and q.end == p.start
+            and (q.world, q.threads, q.strategy) == (p.world, p.threads, p.strategy)
+            and p.world <= 2
+        ):
+            out[-1] = Part(q.start, p.end, p.world, p.threads, p.strategy)
+        else:
+            out.append(p)
+    return out
 
 
 def replay_digest(

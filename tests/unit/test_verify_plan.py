@@ -37,6 +37,17 @@ def test_a_restart_without_a_newer_snapshot_skips_the_segment_it_replaced() -> N
     assert replay_plan(lineage, 10, 1, 1) == [Part(0, 5, 1, 1), Part(5, 10, 1, 2)]
 
 
+def test_restarts_at_the_same_settings_replay_as_one_part_up_to_two_ranks() -> None:
+    # three restarts at world 1, one thread: one fresh trainer replays them all
+    lineage = [seg(0, 0, 1), seg(4, 3, 1), seg(9, 9, 1), seg(12, 11, 1)]
+    assert replay_plan(lineage, 16, 1, 1) == [Part(0, 16, 1, 1)]
+    # world 2 as well; a change of world or threads still splits
+    lineage = [seg(0, 0, 2), seg(5, 5, 2), seg(8, 7, 1), seg(10, 10, 1, threads=2)]
+    assert replay_plan(lineage, 12, 2, 1) == [Part(0, 7, 2, 1), Part(7, 10, 1, 1), Part(10, 12, 1, 2)]
+    # beyond two ranks each segment keeps its own process (a ring's sums follow the buckets)
+    assert replay_plan([seg(0, 0, 4), seg(5, 4, 4)], 8, 4, 1) == [Part(0, 4, 4, 1), Part(4, 8, 4, 1)]
+
+
 def test_restart_from_the_initial_weights_drops_everything_before() -> None:
     assert replay_plan([seg(0, 0, 2), seg(4, 0, 1)], 6, 2, 1) == [Part(0, 6, 1, 1)]
 
