@@ -347,6 +347,9 @@ class TrainerGroup:
         # called while a (re)start or a recovery waits on the ranks: the runner serves the rollouts
         # there (dispatch, take in, journal), so generation goes on up to the staleness bound
         self.pump: Callable[[], list[Any]] = list  # returns the calls it serves (to wake up on)
+        # called once, by the next start, right after it asked Ray for the ranks: a fresh start's
+        # rollout workers are created there (see RolloutGroup.prestart), placed after the ranks
+        self.after_ranks_created: Callable[[], None] | None = None
         c = ctx
         # warm spares, ready to be promoted: taking one raises its fence to this leader's
         self.spares = SparePool(ctx, "trainer-spare", self._create_spare,
@@ -373,9 +376,6 @@ class TrainerGroup:
         # on the stable node (the Ray head): the published weights die with their owner
         store = A.create("weights", c.actor_name("weights", 0), (),
                          Placement(on_this_node=True, get_if_exists=True))  # fmt: skip
-        A.get(A.call(store, "ping"))
-        A.call(store, "warm")  # not waited for: it imports while the ranks start (a first pull queues behind it)
-        restore, s = choose_restore(c, k)
         placement = self._placement()
         strategy = self.strategy = c.strategy()
         if c.read_state().get("trainer_actors"):
@@ -386,6 +386,12 @@ class TrainerGroup:
                          placement)
             for i in range(world)
         ]  # fmt: skip
+        if self.after_ranks_created is not None:
+            hook, self.after_ranks_created = self.after_ranks_created, None
+            hook()
+        A.get(A.call(store, "ping"))  # the ranks and the store start together
+        A.call(store, "warm")  # not waited for: it imports while the ranks start (a first pull queues behind it)
+        restore, s = choose_restore(c, k)
         shadow = self._usable_shadow(store, k, s, world, strategy)
         master = A.get(A.call(self.ranks[0], "address"))
         if shadow is not None:  # as new as any snapshot: restore it from memory, replay less

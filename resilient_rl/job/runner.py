@@ -221,8 +221,8 @@ class JobRunner:
         t0 = time.monotonic()
         self.trainers = TrainerGroup(self.ctx, model_dir, self.faults)
         self.rollouts = RolloutGroup(self.ctx, model_dir, self.faults)
-        if not was_running:  # a fresh start: the engines come up beside the ranks, not after them
-            self.rollouts.prestart(self._want("rollout"))
+        if not was_running:  # a fresh start: the engines come up beside the ranks, asked for after them
+            self.trainers.after_ranks_created = lambda: self.rollouts.prestart(self._want("rollout"))
         got = self.trainers.adopt(k, self._want("trainer"))
         if got is None and was_running:  # ranks lost or stuck while no leader watched: a fault too
             self.faults.detected(classify("trainer", cause="take_over"))
@@ -246,6 +246,7 @@ class JobRunner:
                              "previous leader: committed now", step=k)  # fmt: skip
                 k += 1
             self.version = k
+        self.trainers.after_ranks_created = None
         close_inflight(self.ctx)  # no rank writes a snapshot now (adopted ones waited theirs out)
         adopted = self.rollouts.start(self._want("rollout"), self.version, self.weights, was_running)
         if got is not None or adopted:

@@ -111,16 +111,25 @@ def test_a_job_runs_every_step_once_and_commits_them_in_order(tmp_path: Path) ->
     assert lines == [0, 1, 2, 3]  # the metrics file in commit order
 
 
-def test_a_fresh_start_creates_the_rollout_workers_before_the_trainer_ranks(tmp_path: Path) -> None:
-    """The engines come up beside the ranks (one job start's worth of seconds), each worker
-    created once and joined; a new leader's take-over creates none (it adopts them)."""
+def test_a_fresh_start_creates_the_rollout_workers_while_the_trainer_ranks_start(tmp_path: Path) -> None:
+    """The engines come up beside the ranks (one job start's worth of seconds): asked for right
+    after the ranks (so Ray places the ranks first, as before) and before the ranks' setup is
+    waited for; each worker created once and joined; a new leader's take-over creates none."""
     job = Job(tmp_path, Script(train_delay_s=0.05), steps=6)
+    seq: list[tuple[str, str]] = []
+    create, call = job.layer.create, job.layer.call
+    job.layer.create = lambda role, name, *a: (seq.append(("create", name)), create(role, name, *a))[1]  # type: ignore[method-assign]
+    job.layer.call = lambda actor, method, *a: (seq.append((method, actor.name)), call(actor, method, *a))[1]  # type: ignore[method-assign]
     first = job.lead()
     job.wait(lambda: job.c.state.get("step", 0) >= 2)
-    order = [n for n, _ in job.layer.created]
-    rollouts = [n for n in order if ":rollout:" in n]
+    rollouts = [n for w, n in seq if w == "create" and ":rollout:" in n]
     assert sorted(rollouts) == [actor_name("drv", "rollout", i) for i in range(2)]  # each once
-    assert order.index(rollouts[-1]) < min(order.index(n) for n in order if ":trainer:" in n), order
+    at = {x: seq.index(x) for x in seq[::-1]}  # first occurrence of each
+    first_rank = min(i for (w, n), i in at.items() if w == "create" and ":trainer:" in n)
+    first_setup = min(i for (w, n), i in at.items() if w == "setup")
+    assert (
+        first_rank < min(at[("create", n)] for n in rollouts) and max(at[("create", n)] for n in rollouts) < first_setup
+    ), seq
     job.c.leads = False
     first.stop(final=False)
     job.lead()
