@@ -74,7 +74,8 @@ class Member:
     ``note``, ``flush`` and what happens once another incarnation holds the key. Subclasses
     decide how the value reaches etcd: :class:`Registration` on a lease of its own,
     :class:`~controller.nodeagent.NodeRegistration` through the node's agent. Each calls
-    ``_start`` once it can write, and ``_mark_written`` / ``_superseded_by`` as etcd answers."""
+    ``_start`` once it can write, raises ``_written`` as etcd confirms a generation, and calls
+    ``_superseded_by`` once another incarnation holds the key."""
 
     def __init__(
         self,
