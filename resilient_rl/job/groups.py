@@ -60,6 +60,9 @@ class RolloutGroup:
         self.served_by: dict[int, str] = {}  # index -> the promoted spare serving it (its actor name)
         self._from_spare: dict[int, str] = {}  # index -> spare name, until its join is recorded
         self.draining: dict[int, float] = {}  # index -> deadline: on a Ray node being drained (see drain)
+        # index -> when its last worker was removed (epoch s): a preemption notice older than that in
+        # membership is the predecessor's, still there until the successor's own record lands
+        self.removed_at: dict[int, float] = {}
         self._early: dict[int, Any] = {}  # index -> a worker created by prestart, joined by start
 
     def prestart(self, n: int) -> None:
@@ -226,6 +229,7 @@ class RolloutGroup:
         re-queued by the caller."""
         self.ctx.check_leader()  # a deposed leader must not touch the new leader's workers
         self.idle.discard(i)
+        self.removed_at[i] = time.time()
         for ref, (j, _) in list(self.joining.items()):
             if j == i:
                 del self.joining[ref]
@@ -276,6 +280,7 @@ class RolloutGroup:
         no restart is spent from the budget and there is no backoff."""
         self.ctx.check_leader()
         self.idle.discard(i)
+        self.removed_at[i] = time.time()
         self.draining.pop(i, None)
         for ref, (j, _) in list(self.joining.items()):
             if j == i:

@@ -404,7 +404,10 @@ class ShardScheduler:
         view = self._progress_view(now)
         for w in sorted(rollouts.idle):
             info = view.get(str(w)) or {}
-            if info.get("preempted_at"):  # (a field: a status update of the worker's may come after it)
+            at = info.get("preempted_at")  # (a field: a status update of the worker's may come after it)
+            # not a notice from before this worker took the index: that is its predecessor's record
+            # (the view may be older than the successor's write; seen: a new worker retired at once)
+            if isinstance(at, (int, float)) and at > rollouts.removed_at.get(w, float("-inf")):
                 rollouts.preempted(w, info, "it was idle")
                 self._progress_read = (float("-inf"), {})  # its replacement's record is read afresh
 

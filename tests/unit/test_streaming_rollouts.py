@@ -97,12 +97,34 @@ def test_an_idle_worker_preempted_between_shards_is_replaced_at_once(tmp_path: P
     script.on_register = lambda i: job.c.membership.get("rollout", {}).pop(str(i), None)  # its successor's key
     job.lead()
     assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
-    (pre,) = job.events("preempted")
+    pres = job.events("preempted")
+    assert len(pres) == 1, (pres, script.rollout_promoted, job.created("rollout"))
+    (pre,) = pres
     assert pre["worker"] == 1 and "idle" in pre["message"] and pre["drained_s"] < 5
     assert job.events("rollout_fault") == [] and job.events("shard_resumed") == []
     # its place taken: by the warm spare (promoted to index 1), or by a new worker 1
     replaced = [i for i, _, _ in script.rollout_promoted] + [1 for n in job.created("rollout")[2:] if n.endswith(":1")]
     assert replaced == [1], (replaced, pre)
+    _check_batches(tmp_path, 6)
+
+
+def test_the_predecessors_notice_still_in_membership_does_not_retire_its_successor(tmp_path: Path) -> None:
+    """The successor's own record has not landed (a batched write, a slow etcd): membership still
+    holds the preempted predecessor's notice for that index. The successor is not retired for it:
+    one preemption, one replacement, however long the stale record stays."""
+    script = Script(train_delay_s=0.4)
+    job = _job(tmp_path, script, steps=6, fault={"max_restarts": 0})
+
+    def mark(step: int, rank: int) -> None:
+        if step == 1 and rank == 0:
+            job.c.membership.setdefault("rollout", {})["1"] = {"status": "preempted", "preempted_at": time.time()}
+
+    script.on_train = mark  # and no on_register: the notice stays for the whole job
+    job.lead()
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    assert [e["worker"] for e in job.events("preempted")] == [1], job.events("preempted")
+    replaced = [i for i, _, _ in script.rollout_promoted] + [1 for n in job.created("rollout")[2:] if n.endswith(":1")]
+    assert replaced == [1], replaced
     _check_batches(tmp_path, 6)
 
 
