@@ -34,8 +34,10 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# soft wrap: a long line (a path, an error) stays one line when piped to grep or a file; a
+# terminal wraps it for the eye. Tables are laid out to the width as before.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 class Strategy(StrEnum):

@@ -23,8 +23,10 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# soft wrap: a long line (a path, an error) stays one line when piped to grep or a file; a
+# terminal wraps it for the eye. Tables are laid out to the width as before.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 OutOpt = Annotated[Path, typer.Option("--out", help="Folder for run folders (one per run).")]
 KeepOpt = Annotated[bool, typer.Option("--keep", help="Leave the platform running after the run (stop it by PID).")]

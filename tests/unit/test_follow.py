@@ -35,3 +35,15 @@ def test_follow_waits_through_a_pause_and_stops_at_quarantine(monkeypatch: pytes
 def test_follow_ends_at_success(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli.time, "sleep", lambda s: None)
     assert cli._follow(FakeClient([("RUNNING", None), ("RUNNING", None), ("SUCCEEDED", None)]), "j") == 0
+
+
+def test_a_long_output_line_stays_one_line_when_piped(capsys: Any) -> None:
+    """Piped output (a file, grep) is not wrapped at 80 columns: `rrl verify`'s mismatch naming a
+    long journal path once came out as "digest" and "mismatch" on two lines."""
+    from resilient_rl.chaos import cli as chaos_cli
+
+    why = "replay failed: JournalCorrupt: shard " + "/deep" * 30 + "/shard-0000.json: digest mismatch (file changed)"
+    cli.out.print(f"[red]mismatch[/]: {why}")
+    chaos_cli.out.print(why)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"mismatch: {why}", why], lines
