@@ -223,10 +223,9 @@ class RolloutGroup:
         now, limit = time.monotonic(), self.join_limit()
         return [i for i, t in self.joining.values() if now - t > limit]
 
-    def fault(self, i: int, err: BaseException, *, delay: bool = True) -> None:
-        """Worker ``i`` died or hangs: kill it, replace it after a backoff (budgeted; the
-        replacement joins at the version current then, see :meth:`tick`). Its shard is
-        re-queued by the caller."""
+    def _vacate(self, i: int) -> tuple[str, Any] | None:
+        """Empty index ``i`` (a fault or a preemption): kill its worker, forget its join, note when
+        (:attr:`removed_at`). Returns the spare that was being promoted into it, if any."""
         self.ctx.check_leader()  # a deposed leader must not touch the new leader's workers
         self.idle.discard(i)
         self.removed_at[i] = time.time()
@@ -234,11 +233,18 @@ class RolloutGroup:
             if j == i:
                 del self.joining[ref]
         self._from_spare.pop(i, None)
-        if (taken := self.promoting.pop(i, None)) is not None:  # not promoted yet: it goes back to the pool
-            self.spares.ready.append(taken)
+        taken = self.promoting.pop(i, None)
         old = self.workers.pop(i, None)
         if old is not None:
             self.actors.kill(old)
+        return taken
+
+    def fault(self, i: int, err: BaseException, *, delay: bool = True) -> None:
+        """Worker ``i`` died or hangs: kill it, replace it after a backoff (budgeted; the
+        replacement joins at the version current then, see :meth:`tick`). Its shard is
+        re-queued by the caller."""
+        if (taken := self._vacate(i)) is not None:  # not promoted yet: it goes back to the pool
+            self.spares.ready.append(taken)
         self.faults.worker_down.setdefault(i, time.monotonic())
         backoff = self.faults.restart("rollout", backoff=delay)  # spent either way: a crash loop still ends
         spare = self.spares.take() if i < self.ctx.want("rollout") else None
@@ -278,18 +284,8 @@ class RolloutGroup:
         journaled what it finished (``what`` says how much; its shard, if any, is re-queued by the
         caller): stop it and take its place at once with a spare or a new worker. Not a fault:
         no restart is spent from the budget and there is no backoff."""
-        self.ctx.check_leader()
-        self.idle.discard(i)
-        self.removed_at[i] = time.time()
+        taken = self._vacate(i)
         self.draining.pop(i, None)
-        for ref, (j, _) in list(self.joining.items()):
-            if j == i:
-                del self.joining[ref]
-        self._from_spare.pop(i, None)
-        taken = self.promoting.pop(i, None)
-        old = self.workers.pop(i, None)
-        if old is not None:
-            self.actors.kill(old)
         spare = taken or (self.spares.take() if i < self.ctx.want("rollout") else None)
         if spare is not None:
             self.promoting[i] = spare
