@@ -48,7 +48,7 @@ from typing import Any
 from bench.common import RESULTS, ROOT, fmt, job_metrics, local_platform, machine, machine_line, save, summary, table
 
 JOB_FILE = ROOT / "examples" / "copy-tiny.yaml"
-SYSTEMS = ("trl", "rrl-vllm", "rrl-hf")
+SYSTEMS = ("trl", "rrl-vllm", "rrl-hf", "rrl-colocated")  # colocated: the HF engine, `placement: colocated`
 INSTALL_HINT = "TRL is not installed: pip install -e '.[bench]'"
 
 
@@ -155,13 +155,16 @@ def median_step_figures(rows: list[dict[str, Any]], batch: int, warmup: int) -> 
 # --------------------------------------------------------------------------------------------- rrl
 
 
-def run_rrl(engine: str, label: str, job: dict[str, Any], work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One rrl run of the demo job with ``rollout.engine = engine`` on a fresh local platform."""
+def run_rrl(system: str, label: str, job: dict[str, Any], work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One rrl run of the demo job on a fresh local platform: ``rollout.engine`` vllm or hf, or
+    (``colocated``) hf with ``placement: colocated``."""
     from controller.jobs import TERMINAL
 
     spec = copy.deepcopy(job)
     spec["name"] = label
-    spec["rollout"]["engine"] = engine
+    spec["rollout"]["engine"] = "hf" if system == "colocated" else system
+    if system == "colocated":
+        spec["placement"] = "colocated"
     spec["steps"] = args.max_steps
     shape = job_shape(spec)
     batch = shape["prompts_per_step"] * shape["n"]
@@ -202,7 +205,7 @@ def run_rrl(engine: str, label: str, job: dict[str, Any], work: Path, args: argp
     first = min(rows, key=lambda r: int(r["step"]))
     t_first = float(first["time"]) - float(first["step_seconds"])
     res = analyse(rows, t_submit, t_first, batch, window=args.window, threshold=args.threshold, warmup=args.warmup)
-    res.update(system=f"rrl-{engine}", phase=phase, stopped=why or "max steps", t_first_start=t_first,
+    res.update(system=f"rrl-{system}", phase=phase, stopped=why or "max steps", t_first_start=t_first,
                rows=[{k: r[k] for k in ("step", "reward", "time", "step_seconds")} for r in rows],
                t_submit=t_submit)  # fmt: skip
     return res

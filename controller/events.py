@@ -50,6 +50,9 @@ class Kind(StrEnum):
     SNAPSHOT_CORRUPT = "snapshot_corrupt"
     # a worker asked to leave (SIGTERM, a node drain): drained, replaced, no fault budget spent
     PREEMPTED = "preempted"
+    # a rollout worker that shared its process with a trainer rank (``placement: colocated``) ended
+    # when the trainer group ended that process (a cold restart, a resize): replaced at once, no fault
+    ROLLOUT_REPLACED = "rollout_replaced"
     # recoveries
     RECOVERED = "recovered"  # a step committed after faults: one per fault, with ``seconds``
     ROLLOUT_JOINED = "rollout_joined"

@@ -749,6 +749,15 @@ class JobSpec(_Section):
     logging: LoggingSpec = Field(default_factory=LoggingSpec, description="Experiment loggers.")
     eval: EvalSpec | None = Field(None, description="Evaluation on a held-out task (absent: none).")
     fault: FaultSpec = Field(default_factory=FaultSpec, description="Fault detection and restarts.")
+    placement: Literal["separate", "colocated"] = Field(
+        "separate",
+        description="separate: every rollout worker and trainer rank is a process of its own. colocated: "
+        "rollout worker i runs in the process of trainer rank i and the two take turns (a hybrid engine, "
+        "for a small job on one machine or few accelerators): one copy of the process and the model fewer, "
+        "and a kill of that process is a loss of both, each recovered as usual. Needs rollout.engine hf. "
+        "Spares stay processes of their own. The process reserves the larger of rollout.num_cpus and "
+        "trainer.num_cpus (and of num_gpus).",
+    )
 
     model_config = ConfigDict(**_CONFIG, populate_by_name=True)
 
@@ -782,6 +791,9 @@ class JobSpec(_Section):
                              f"rollout.sampling.max_tokens ({self.rollout.sampling.max_tokens})")  # fmt: skip
         if t.lora is not None and t.strategy != "ddp":
             raise ValueError("trainer.lora needs trainer.strategy ddp (adapters are not sharded)")
+        if self.placement == "colocated" and self.rollout.engine == "vllm":
+            raise ValueError("placement colocated needs rollout.engine hf: vLLM's in-process engine makes torch's "
+                             "default process group itself, the one the trainer ranks need")  # fmt: skip
         if t.mixed_precision != "none" and t.strategy != "fsdp":
             raise ValueError("trainer.mixed_precision needs trainer.strategy fsdp (its MixedPrecisionPolicy)")
         return self

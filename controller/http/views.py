@@ -84,7 +84,7 @@ def annotate(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["category"] = "scaling"  # a resize's restart and return: no fault, no recovery
         elif kind == Kind.PREEMPTED:
             row["category"] = "preemption"
-        elif ev.get("seq") in recovered or kind in _TAKE_OVER or kind == Kind.SHARD_RESUMED:
+        elif ev.get("seq") in recovered or kind in _TAKE_OVER or kind in (Kind.SHARD_RESUMED, Kind.ROLLOUT_REPLACED):
             row["category"] = "recovery"
         elif kind in _SCALING:
             row["category"] = "scaling"

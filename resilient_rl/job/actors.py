@@ -36,7 +36,7 @@ from ..naming import NAMESPACE
 
 log = logging.getLogger(__name__)
 
-ROLES = ("rollout", "trainer", "weights")
+ROLES = ("rollout", "trainer", "weights", "colocated")
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,11 @@ class Actors(Protocol):
     def draining_nodes(self) -> dict[str, float]:
         """Nodes being drained (a spot or preemptible node's notice through ``ray drain-node`` or the
         autoscaler): node id (hex) -> the drain's deadline (epoch seconds, 0 for none)."""
+
+    def lost_with(self, actor: Any) -> str | None:
+        """The role whose :meth:`kill` ended ``actor`` too, because the two share a process
+        (``placement: colocated``, ``job/colocated.py``); None when it was not so (always here).
+        Asked once per loss: the answer is forgotten."""
 
 
 def create_fresh(
@@ -145,6 +150,10 @@ def _role_class(role: str) -> Any:
         from ..workers.weights import WeightStore
 
         return ray.remote(WeightStore)
+    if role == "colocated":
+        from ..workers.colocated import ColocatedWorker
+
+        return _remote_class(ColocatedWorker)
     raise ValueError(f"unknown actor role {role!r} (one of {', '.join(ROLES)})")
 
 
@@ -280,3 +289,6 @@ class RayActors:
         from ray._private.state import state
 
         return {str(n): ms / 1000.0 for n, ms in state.get_draining_nodes().items()}
+
+    def lost_with(self, actor: Any) -> str | None:
+        return None  # one actor, one process

@@ -168,14 +168,19 @@ class JobContext:
         return actor_prefix(self.job, group)
 
     def runtime_env(self) -> dict[str, Any]:
-        return {
-            "env_vars": {
-                "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(self.spec.rollout.kv_cache_gib))),
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                "HF_HUB_OFFLINE": "1",
-                "TOKENIZERS_PARALLELISM": "false",
-            }
+        return job_runtime_env(self.spec)
+
+
+def job_runtime_env(spec: JobSpec) -> dict[str, Any]:
+    """The environment of every worker process of the job (Ray's ``runtime_env``)."""
+    return {
+        "env_vars": {
+            "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(spec.rollout.kv_cache_gib))),
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
         }
+    }
 
 
 def live(cur: dict[str, Any]) -> None:

@@ -243,6 +243,8 @@ class RolloutGroup:
         """Worker ``i`` died or hangs: kill it, replace it after a backoff (budgeted; the
         replacement joins at the version current then, see :meth:`tick`). Its shard is
         re-queued by the caller."""
+        if self.lost_with_its_process(i):
+            return
         if (taken := self._vacate(i)) is not None:  # not promoted yet: it goes back to the pool
             self.spares.ready.append(taken)
         self.faults.worker_down.setdefault(i, time.monotonic())
@@ -279,16 +281,38 @@ class RolloutGroup:
             return
         self.idle.add(i)
 
-    def preempted(self, i: int, info: dict[str, Any], what: str) -> None:
-        """Worker ``i`` was preempted (SIGTERM, a node drain: see ``RolloutWorker``) and has
-        journaled what it finished (``what`` says how much; its shard, if any, is re-queued by the
-        caller): stop it and take its place at once with a spare or a new worker. Not a fault:
-        no restart is spent from the budget and there is no backoff."""
+    def _replace_at_once(self, i: int) -> tuple[str, Any] | None:
+        """Empty index ``i`` and take its place at once with a spare (returned) or a new worker
+        (see :meth:`tick`): no restart spent from the budget, no backoff."""
         taken = self._vacate(i)
         self.draining.pop(i, None)
         spare = taken or (self.spares.take() if i < self.ctx.want("rollout") else None)
         if spare is not None:
             self.promoting[i] = spare
+        self.waiting[i] = time.monotonic()
+        return spare
+
+    def lost_with_its_process(self, i: int) -> bool:
+        """True if worker ``i`` ended because the trainer group ended the process it shares with
+        a rank (``placement: colocated``: a cold restart, a resize; see ``Actors.lost_with``). Not
+        its fault: it is replaced at once, no restart spent (its shard is re-queued by the caller)."""
+        w = self.workers.get(i)
+        role = self.actors.lost_with(w) if w is not None else None
+        if role is None:
+            return False
+        spare = self._replace_at_once(i)
+        self.ctx.event(Kind.ROLLOUT_REPLACED, f"rollout worker {i} ended with its process, which the {role} group "
+                       "restarted: " + (f"the warm spare {spare[0]} takes its place" if spare else
+                                        "a new worker takes its place"),
+                       worker=i, group="rollout", cause=role, **({"spare": spare[0]} if spare else {}))  # fmt: skip
+        return True
+
+    def preempted(self, i: int, info: dict[str, Any], what: str) -> None:
+        """Worker ``i`` was preempted (SIGTERM, a node drain: see ``RolloutWorker``) and has
+        journaled what it finished (``what`` says how much; its shard, if any, is re-queued by the
+        caller): stop it and take its place at once with a spare or a new worker. Not a fault:
+        no restart is spent from the budget and there is no backoff."""
+        spare = self._replace_at_once(i)
         at = info.get("preempted_at")
         drained = round(time.time() - float(at), 3) if isinstance(at, (int, float)) else None
         self.ctx.event(Kind.PREEMPTED, f"rollout worker {i} preempted: {what}; "
@@ -296,7 +320,6 @@ class RolloutGroup:
                        worker=i, group="rollout", drained_s=drained, grace_s=self.ctx.spec.fault.preempt_grace_s,
                        **({"spare": spare[0]} if spare else {}),
                        **{f: info[f] for f in ("groups_done", "groups") if f in info})  # fmt: skip
-        self.waiting[i] = time.monotonic()
 
     def tick(self, version: int, weights: Any) -> None:
         """Start the replacements whose backoff has passed (a spare taken for one: at once)."""
@@ -575,15 +598,16 @@ class TrainerGroup:
     def restart(
         self, k: int, world: int, why: str, *, cause: str = "fault", resize: bool = False, preempted: bool = False
     ) -> Any:
-        """A rank died (or the world size changes, ``resize``; or a rank was preempted, which
-        spends no restart): restart the whole group at step ``k``. Returns the weights of
-        version k (as :meth:`start`)."""
+        """A rank died (or the world size changes, ``resize``; or a rank was preempted): restart
+        the whole group at step ``k``. Only a loss spends a restart of the budget: a resize is
+        an operator's (or the autoscaler's) and a preemption a notice, neither a crash loop.
+        Returns the weights of version k (as :meth:`start`)."""
         self.ctx.check_leader()
         t0 = time.monotonic()
         self.ctx.event(Kind.PREEMPTED if preempted else Kind.TRAINER_RESTART,
                        f"{why}: restarting {world} trainer ranks at step {k}", world=world, group="trainer",
                        cause=cause, resize=resize, step=k, **({} if resize else {"recovery": "cold"}))  # fmt: skip
-        if not preempted:
+        if not preempted and not resize:
             self.faults.restart("trainer", backoff=False)
         weights = self.start_retrying(k, world)
         self.ctx.event(Kind.TRAINER_RECOVERED, f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",

@@ -46,6 +46,7 @@ from ..spec import JobSpec
 from .actors import Actors, RayActors, actor_died, connect_ray
 from .autoscale import Autoscaler
 from .checkpointing import SnapshotFlow, close_inflight
+from .colocated import ColocatedActors, colocated_placement
 from .committer import StepCommitter
 from .context import JobContext, JobRecords, committable, live  # noqa: F401  (committable: re-exported)
 from .faults import FaultPolicy, LeaseWatch, classify
@@ -108,6 +109,9 @@ class JobRunner:
         self._last_pass = 0.0  # monotonic time of the loop's last pass (see _housekeep)
         self._stop = threading.Event()
         self.actors: Actors = actors if actors is not None else RayActors()
+        if self.spec.placement == "colocated":  # trainer rank i and rollout worker i in one process
+            spec = self.spec
+            self.actors = ColocatedActors(self.actors, lambda: colocated_placement(spec))
         self._connected = False  # to Ray: nothing to kill before
         # everything the driver's parts read, made before the thread starts
         self.ctx = JobContext(self.job, self.spec, self.token, self.workdir, etcd, controller, self.actors,

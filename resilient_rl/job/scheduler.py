@@ -269,6 +269,8 @@ class ShardScheduler:
             except Exception as e:
                 if actor_died(e):  # the worker died: its shard goes back to the queue (a helper's stays)
                     self._requeue(f)
+                    if rollouts.lost_with_its_process(f.worker):  # the trainer group ended it: no fault
+                        continue
                     info = self._member(f.worker)
                     if info.get("preempted_at") or f.worker in rollouts.draining:  # it left on notice: no fault
                         rollouts.preempted(f.worker, info, f"its shard {f.shard.step}/{f.shard.index} goes to another")

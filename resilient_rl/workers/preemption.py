@@ -27,6 +27,21 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# the handlers of the workers of a process that hosts several (``workers/colocated.py``): one
+# SIGTERM handler, installed on the main thread, hands the notice to each; None: one worker
+_handlers: list[Callable[[int, Any], None]] | None = None
+
+
+def install_dispatcher() -> None:
+    """Make this process's SIGTERM handler one that calls every :class:`Preemption` made after
+    (from any thread: a role started by a call of a threaded actor runs off the main thread,
+    where ``signal.signal`` refuses). Off the main thread (a test's in-process actor) it does nothing."""
+    global _handlers
+    if _handlers is None and threading.current_thread() is threading.main_thread():
+        handlers: list[Callable[[int, Any], None]] = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: [h(signum, frame) for h in list(handlers)])
+        _handlers = handlers
+
 
 class Preemption:
     """The SIGTERM handler of one worker process.
@@ -48,6 +63,9 @@ class Preemption:
         self.at: float | None = None  # wall time of the SIGTERM, once one came
         self.grace_s = grace_s
         self._who, self._member, self._spare, self._mark = who, member, spare, mark
+        if _handlers is not None:
+            _handlers.append(self._on_sigterm)
+            return
         try:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         except ValueError:  # not the main thread (a threaded actor): Ray's default, exit at once

@@ -37,7 +37,11 @@ class WeightStore:
 
         from .transport import BUCKET_TIMEOUT_S
 
-        status, ref = source.export.options(num_returns=2).remote(version, index)
+        export = getattr(source, "export", None)
+        if export is not None:
+            status, ref = export.options(num_returns=2).remote(version, index)
+        else:  # rank 0 shares its process with a rollout worker (workers/colocated.py)
+            status, ref = source.run_export.options(num_returns=2).remote("trainer", "export", version, index)
         # the small return value only: the bucket itself stays where rank 0 wrote it
         got = ray.get(status, timeout=BUCKET_TIMEOUT_S)
         if got != index:

@@ -486,3 +486,36 @@ def test_adopt_answers_at_once_while_a_rank_is_stuck_in_a_collective(platform: L
     finally:
         for r in ranks:
             ray.kill(r)
+
+
+@pytest.mark.timeout(900)
+def test_colocated_job_survives_a_kill_of_its_process(platform: LivePlatform, tmp_path: Path) -> None:
+    """``placement: colocated``: trainer rank i and rollout worker i are one process. SIGKILL of
+    process 0 mid-job is a loss of both; each group recovers, the job SUCCEEDs with every step
+    committed once, and `rrl verify` replays the trainer's steps bit for bit."""
+    import signal
+
+    from controller import events, jobs
+
+    work = tmp_path / "colo"
+    steps = 12
+    job = platform.submit(_spec("e2e-colocated", work, placement="colocated", rollout={"replicas": 2},
+                                steps=steps))  # fmt: skip
+    _wait_step(platform, job, 3)
+    members = jobs.get(platform.store, job).members
+    pids = {g: {i: m["pid"] for i, m in members[g].items()} for g in ("rollout", "trainer")}
+    assert pids["rollout"] == pids["trainer"] and len(set(pids["trainer"].values())) == 2, pids  # one process an index
+    os.kill(pids["trainer"]["0"], signal.SIGKILL)
+    rec = platform.wait(job)
+    assert rec.phase == "SUCCEEDED", rec.state.get("reason")
+    evs = events.read(platform.store, job, limit=1000)
+    kinds = Counter(e["kind"] for e in evs)
+    assert kinds["trainer_recovered"] == 1 and kinds["group_restored"] >= 1, kinds  # both roles were lost, both back
+    (restart,) = [e for e in evs if e["kind"] == "trainer_restart"]
+    # hot: rank 1 kept its state and its process (where rollout worker 1 went on); only index 0 was lost
+    assert restart["recovery"] == "hot" and restart["survivor_pids"] == [pids["trainer"]["1"]], restart
+    assert [e["worker"] for e in evs if e["kind"] == "rollout_fault"] == [0]
+    assert [m["step"] for m in metrics(work)] == list(range(steps))  # every step committed once
+    _check_journal(work, steps, 4, 4, 3)
+    r = run_rrl("verify", job, "--etcd", platform.data["etcd"], "--ray-address", platform.data["ray"], timeout=600)
+    assert r.returncode == 0 and "match" in r.stdout, r.stdout + r.stderr

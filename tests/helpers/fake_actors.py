@@ -169,6 +169,9 @@ class FakeActors:
     def connect(self, address: str | None) -> None:
         pass
 
+    def lost_with(self, actor: Any) -> str | None:
+        return None  # one actor, one process (job/colocated.py layers the shared ones over this)
+
     def draining_nodes(self) -> dict[str, float]:
         return dict(self.draining)
 

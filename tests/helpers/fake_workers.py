@@ -27,6 +27,7 @@ from checkpoints.snapshots import snapshot_dir, write_manifest
 from resilient_rl.algo.dynamic import select_groups, varied
 from resilient_rl.job.actors import Placement
 from resilient_rl.spec import JobSpec
+from resilient_rl.workers.colocated import ColocatedWorker
 from resilient_rl.workers.fencing import check_fence
 from resilient_rl.workers.weights import WeightStore
 from tests.helpers.fake_actors import FakeActors
@@ -555,6 +556,19 @@ class FakeTrainer:
         pass
 
 
+class FakeColocated(ColocatedWorker):
+    """The real colocated process (``workers/colocated.py``) over the fake workers: a part's
+    scripted death kills the actor they share."""
+
+    def _die(self) -> None:
+        pass  # the start's error reaches the driver as a worker error (no process to end here)
+
+    def start(self, role: str, args: tuple[Any, ...]) -> int:
+        pid = super().start(role, args)
+        self.parts[role]._fake_actor = self._fake_actor  # type: ignore[attr-defined]
+        return pid
+
+
 def fake_layer(script: Script, **kw: Any) -> FakeActors:
     """A fake actor layer whose roles run these fakes, all sharing ``script``."""
     roles = {
@@ -562,6 +576,7 @@ def fake_layer(script: Script, **kw: Any) -> FakeActors:
         "trainer": type("Trainer", (FakeTrainer,), {"_script": script}),
         "weights": WeightStore,
     }
+    roles["colocated"] = type("Colocated", (FakeColocated,), {"PARTS": {r: roles[r] for r in ("rollout", "trainer")}})
     layer = FakeActors(roles=roles, **kw)
     script.layer = layer
     return layer

@@ -322,12 +322,13 @@ def test_scale_down_drains_a_worker_and_gives_it_no_shard_after(tmp_path: Path) 
 
 
 def test_a_trainer_resize_is_no_fault(tmp_path: Path) -> None:
-    job = Job(tmp_path, steps=6, checkpoint={"every": 1})
+    # and spends no restart: under max_restarts 0 an operator's `rrl scale` failed the job
+    job = Job(tmp_path, steps=6, checkpoint={"every": 1}, fault={"max_restarts": 0})
     runner = job.lead()
     job.wait(lambda: job.c.state.get("step", 0) >= 2)
     job.desired = {"trainer": 1}
     runner.reconcile(job.record())
-    assert job.finish() == "SUCCEEDED"
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
     (restart,) = job.events("trainer_restart")
     assert restart["resize"] is True and not views.is_fault({"kind": "trainer_restart", **restart})
     assert "recovered" not in job.kinds()  # nothing to recover from
