@@ -76,6 +76,11 @@ class Actors(Protocol):
     def kill(self, actor: Any) -> None:
         """Kill the actor; its queued and running calls fail with ``ActorDiedError``."""
 
+    def retire(self, actor: Any) -> None:
+        """End a worker that has left (its ``shutdown`` answered: a drain on scale-down). As
+        :meth:`kill`, except that a process it shares with another role lives on
+        (``placement: colocated``)."""
+
     def task(self, fn: Callable[..., Any], *args: Any, num_cpus: float = 0.1) -> Any:
         """Run ``fn(*args)`` in a worker process (a Ray task); returns its reference."""
 
@@ -274,6 +279,9 @@ class RayActors:
         import ray
 
         ray.kill(actor)
+
+    def retire(self, actor: Any) -> None:
+        self.kill(actor)
 
     def task(self, fn: Callable[..., Any], *args: Any, num_cpus: float = 0.1) -> Any:
         import ray

@@ -172,6 +172,19 @@ class ColocatedActors:
                 del self._ended[next(iter(self._ended))]
         self.inner.kill(actor.actor)
 
+    def retire(self, actor: Any) -> None:
+        """A drained part leaves its process, which lives on while another role runs in it."""
+        if isinstance(actor, Part):
+            with self._lock:
+                parts = next((ps for a, ps in self._live.values() if a is actor.actor), {})
+                shared = parts.get(actor.role) is actor and len(parts) > 1
+                if shared:
+                    del parts[actor.role]
+            if shared:
+                self.inner.call(actor.actor, "drop", actor.role)  # queued behind its shutdown
+                return
+        self.kill(actor)
+
     def lost_with(self, actor: Any) -> str | None:
         with self._lock:
             return self._ended.pop(actor, None) if isinstance(actor, Part) else None

@@ -350,9 +350,10 @@ class RolloutGroup:
                 w = self.workers.pop(i)
                 try:
                     A.get(A.call(w, "shutdown"), timeout=10)
+                    A.retire(w)  # it left: a process it shares with a trainer rank lives on
                 except Exception as e:  # already gone: nothing to drain
                     log.info("shutdown of drained worker %d: %s", i, e)
-                A.kill(w)
+                    A.kill(w)
                 self._serve(i, None)
                 self.ctx.event(Kind.SCALE, f"rollout: worker {i} drained and stopped (desired {want})",
                                worker=i)  # fmt: skip

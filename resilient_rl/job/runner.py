@@ -801,6 +801,7 @@ class JobRunner:
                     with contextlib.suppress(Exception):
                         A.get(A.call(spare, "shutdown"), timeout=5)
                 A.kill(spare)
+        found = []  # every worker leaves membership before any is killed: a colocated process holds two
         for g in ("rollout", "trainer", "weights"):
             for i in range(max(16, self._want(g) if g != "weights" else 1, self.spec.rollout.max_replicas or 0)):
                 actor = A.find(actor_name(self.job, g, i))
@@ -810,7 +811,9 @@ class JobRunner:
                     A.get(A.call(actor, "shutdown"), timeout=5)  # leave membership at once
                 except Exception as e:  # the kill below is what matters
                     log.info("shutdown of %s/%d failed: %s", g, i, e)
-                A.kill(actor)
+                found.append(actor)
+        for actor in found:
+            A.kill(actor)
 
 
 def _strategy_refusal(spec: JobSpec, strategy: Any) -> str | None:

@@ -10,6 +10,10 @@ runs each call on the role it names. What the two share in one process, and how:
 * torch's thread count: the trainer's. A rollout worker started beside a trainer would set its
   own, and ``rrl verify`` replays the trainer's steps with the count its lineage recorded.
 * The output capture (``rrl logs``): one per process; the file takes the newest role's name.
+* The weights: a rollout worker asked to load the version its trainer rank holds (ddp: every
+  rank holds the whole model) copies them from the rank's own tensors, in this process, rather
+  than fetching the published copy through the object store (:meth:`_local_weights`). Calls on
+  the default thread take turns, so the rank's weights do not change during the copy.
 * A role whose start fails takes the process down with it, as a failing constructor does an
   actor of its own: the driver sees the actor die (both roles).
 """
@@ -72,6 +76,12 @@ class ColocatedWorker:
             self._started.notify_all()
         return os.getpid()
 
+    def drop(self, role: str) -> None:
+        """The role has left (its ``shutdown`` ran: a drain on scale-down); the process goes on
+        with the other. The role may be started here again later."""
+        with self._started:
+            self.parts.pop(role, None)
+
     @ray.method(concurrency_group="control")
     def roles(self) -> list[str]:
         """The roles started here (on the control thread: answers while a step or a shard runs)."""
@@ -87,7 +97,20 @@ class ColocatedWorker:
             return self.parts[role]
 
     def run(self, role: str, method: str, *args: Any) -> Any:
+        if role == "rollout" and method == "load_weights":
+            version, weights = args
+            args = (version, self._local_weights(version) or weights)
         return getattr(self._part(role), method)(*args)
+
+    def _local_weights(self, version: int) -> dict[str, Any] | None:
+        """The trainer rank's own weights if they are exactly policy ``version`` and whole (ddp:
+        on every rank), by the names it publishes (``TrainCore.policy_state``; LoRA: merged);
+        else None (fetch the published copy). Live tensors: the engine copies them into its own
+        model."""
+        t = self.parts.get("trainer")
+        if t is None or getattr(t, "core", None) is None or t.strategy != "ddp" or t.step != version:
+            return None
+        return {name: tensor.detach() for name, tensor in t.core.policy_state()}
 
     # the trainer's methods of a concurrency group run on that group's thread, as in a rank of its
     # own (job/colocated.GROUPS names them)

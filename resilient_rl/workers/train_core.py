@@ -571,7 +571,7 @@ class TrainCore:
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         buf = self._bucket_buffer(bucket_bytes) if reuse and self.rank == 0 else None
-        for name, t in self._policy_state():
+        for name, t in self.policy_state():
             t = t.detach()
             nbytes = _padded_bytes(t, self.world)
             region = None
@@ -602,7 +602,7 @@ class TrainCore:
             self._buffer = torch.empty(-(-nbytes // 64) * 64 + 64, dtype=torch.uint8)
         return self._buffer
 
-    def _policy_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def policy_state(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's weights by the base model's names: the state dict, or under LoRA the
         base weights with each adapter's update merged in (what the rollout engines load)."""
         if not self.lora:
@@ -617,7 +617,7 @@ class TrainCore:
     def digest(self) -> str | None:
         """:func:`weights_digest` of the full weights on rank 0 (None elsewhere): a collective under fsdp."""
         h = hashlib.sha256()
-        sd = dict(self._policy_state())
+        sd = dict(self.policy_state())
         for name in sorted(sd):  # the same order on every rank: one gather at a time
             full = _full(sd[name].detach())
             if self.rank == 0:

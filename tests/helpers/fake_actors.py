@@ -169,6 +169,9 @@ class FakeActors:
     def connect(self, address: str | None) -> None:
         pass
 
+    def retire(self, actor: _Actor) -> None:
+        self.kill(actor)
+
     def lost_with(self, actor: Any) -> str | None:
         return None  # one actor, one process (job/colocated.py layers the shared ones over this)
 

@@ -18,6 +18,7 @@ from resilient_rl.job.colocated import GROUPS, ColocatedActors, Part, colocated_
 from resilient_rl.spec import SpecError, load_spec, parse_spec
 from resilient_rl.workers.colocated import ColocatedWorker
 from tests.helpers.fake_actors import FakeActors
+from tests.helpers.fake_workers import Script
 from tests.unit.test_driver import Job
 
 pytestmark = pytest.mark.timeout(60)
@@ -142,8 +143,8 @@ def test_the_spec_refuses_vllm_and_the_process_reserves_the_larger_share(tmp_pat
     assert parse_spec({"name": "c", "model": {"path": "m"}}).placement == "separate"
 
 
-def _colocated_job(tmp: Path, **kw: Any) -> Job:
-    return Job(tmp, placement="colocated", **{"rollout": {"engine": "hf"}, **kw})
+def _colocated_job(tmp: Path, script: Script | None = None, **kw: Any) -> Job:
+    return Job(tmp, script, placement="colocated", **{"rollout": {"engine": "hf"}, **kw})
 
 
 def test_a_colocated_job_runs_one_process_an_index(tmp_path: Path) -> None:
@@ -228,3 +229,140 @@ def test_a_trainer_resize_ends_the_rollout_workers_in_its_processes_without_a_fa
     assert sorted(e["worker"] for e in job.events("rollout_replaced")) == [0, 1]  # each process was ended once
     assert job.c.state["weights_digest"] == "0,1,2,3,4,5"
     assert all(not w.get("open_faults") for w in job.c.writes if "open_faults" in w)
+
+
+_SIGTERM_CHILD = r"""
+import os, signal, sys, threading, time
+from resilient_rl.workers.preemption import Preemption, install_dispatcher
+
+class Member:
+    def __init__(self, who):
+        self.who = who
+    def update(self, **fields):
+        os.write(1, f"{self.who} marked {sorted(fields)}\n".encode())  # one write: the two threads' lines stay whole
+    def close(self):
+        pass
+
+install_dispatcher()  # the colocated actor's constructor, on the main thread
+made = []
+def start(who):  # a role's start: a call of a threaded actor, off the main thread
+    made.append(Preemption(lambda: who, 1.0, lambda: Member(who), spare=lambda: False, mark=lambda: {"status": "x"}))
+for who in ("trainer", "rollout"):
+    t = threading.Thread(target=start, args=(who,))
+    t.start()
+    t.join()
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)  # each worker's grace (1 s) ends the process
+"""
+
+
+def test_one_sigterm_reaches_both_workers_of_a_colocated_process() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _SIGTERM_CHILD], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr  # left by itself after the grace, not killed by the signal
+    assert "trainer marked ['status']" in out.stdout and "rollout marked ['status']" in out.stdout, out.stdout
+    assert "not installed" not in out.stderr, out.stderr
+
+
+class _Tensor(str):
+    def detach(self) -> str:
+        return str(self)
+
+
+class _Core:
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def policy_state(self) -> Any:
+        yield "w", _Tensor(f"live weights of step {self.step}")
+
+
+class _Rank:
+    strategy = "ddp"
+
+    def __init__(self, step: int) -> None:
+        self.core = _Core(step)
+
+    @property
+    def step(self) -> int:
+        return self.core.step
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.loaded: list[tuple[int, Any]] = []
+
+    def load_weights(self, version: int, weights: Any) -> int:
+        self.loaded.append((version, weights))
+        return version
+
+
+def _home(parts: dict[str, Any]) -> ColocatedWorker:
+    """One without its constructor: that installs a SIGTERM handler, not for this test process."""
+    import threading
+
+    home = ColocatedWorker.__new__(ColocatedWorker)
+    home.parts, home._started = parts, threading.Condition()
+    return home
+
+
+def test_a_rollout_worker_loads_the_version_its_rank_holds_from_the_ranks_own_tensors() -> None:
+    rank, worker = _Rank(3), _Worker()
+    home = _home({"trainer": rank, "rollout": worker})
+    home.run("rollout", "load_weights", 3, "handle of v3")
+    assert worker.loaded[-1] == (3, {"w": "live weights of step 3"})  # no fetch through the object store
+    home.run("rollout", "load_weights", 2, "handle of v2")  # the rank is past it: the published copy
+    assert worker.loaded[-1] == (2, "handle of v2")
+    rank.strategy = "fsdp"  # a shard is not the whole model
+    home.run("rollout", "load_weights", 3, "handle of v3")
+    assert worker.loaded[-1] == (3, "handle of v3")
+    alone = _home({"rollout": worker})  # an index with no rank in its process
+    alone.run("rollout", "load_weights", 3, "handle of v3")
+    assert worker.loaded[-1] == (3, "handle of v3")
+
+
+def test_a_rollout_scale_down_leaves_the_trainer_rank_in_the_drained_workers_process(tmp_path: Path) -> None:
+    """Worker 1 shares its process with rank 1: drained, it leaves the process and rank 1 trains
+    on in it (no trainer restart); scaled up again, the new worker 1 joins that process."""
+    job = _colocated_job(tmp_path, Script(shard_delay_s=0.02), steps=8, rollout={"engine": "hf", "spares": 0},
+                         trainer={"spares": 0}, fault={"max_restarts": 0})  # fmt: skip
+    runner = job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 2)
+    job.desired = {"rollout": 1}
+    runner.reconcile(job.record())
+    job.wait(lambda: any("drained" in e["message"] for e in job.events("scale")))
+    job.wait(lambda: job.c.state.get("step", 0) >= 5)
+    job.desired = {"rollout": 2}
+    runner.reconcile(job.record())
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    assert not job.events("trainer_restart") and not job.events("rollout_fault")
+    assert [n for n, _ in job.layer.created if ":colocated:" in n] == ["rrl:drv:colocated:0", "rrl:drv:colocated:1"]
+    sent = [(m, a[:2]) for n, m, a in job.layer.calls if n == "rrl:drv:colocated:1"]
+    assert ("drop", ("rollout",)) in sent
+    starts = [a for m, a in sent if m == "start"]
+    assert [a[0] for a in starts] == ["trainer", "rollout", "rollout"]  # the worker started again in the same process
+    assert job.steps_trained() == Counter({(s, r): 1 for s in range(8) for r in range(2)})
+
+
+def test_a_new_leader_adopts_the_colocated_processes_it_finds(tmp_path: Path) -> None:
+    """The next leader's actor layer knows nothing of the processes: it asks them which roles
+    run in them, adopts both groups and starts no process."""
+    job = _colocated_job(tmp_path, steps=5, rollout={"engine": "hf", "spares": 0}, trainer={"spares": 0})
+
+    def lose(step: int, rank: int) -> None:
+        if step == 1 and rank == 0:
+            job.c.leads = False
+
+    job.script.on_train = lose
+    first = job.lead()
+    first._thread.join(20)
+    assert not first._thread.is_alive() and not job.layer.killed
+    job.script.on_train = None
+    made = len(job.layer.created)
+    job.lead()
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    assert len(job.layer.created) == made  # adopted: no process made again
+    assert not job.events("rollout_fault") and not job.events("trainer_restart")
+    assert job.c.state["weights_digest"] == "0,1,2,3,4"
