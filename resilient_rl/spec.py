@@ -753,7 +753,8 @@ class JobSpec(_Section):
         "separate",
         description="separate: every rollout worker and trainer rank is a process of its own. colocated: "
         "rollout worker i runs in the process of trainer rank i and the two take turns (a hybrid engine, "
-        "for a small job on one machine or few accelerators): one copy of the process and the model fewer, "
+        "for a small job on one machine or few accelerators): a process fewer per index, each new version "
+        "loaded from the rank's own tensors, "
         "and a kill of that process is a loss of both, each recovered as usual. Needs rollout.engine hf. "
         "Spares stay processes of their own. The process reserves the larger of rollout.num_cpus and "
         "trainer.num_cpus (and of num_gpus).",

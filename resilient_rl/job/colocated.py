@@ -1,8 +1,10 @@
 """``placement: colocated``: trainer rank ``i`` and rollout worker ``i`` share one process.
 
-A small job on one machine (or a user with few accelerators) runs faster with one process per
-rank that trains and generates in turns, as TRL and verl's hybrid engine do: no second copy of
-the model, no process hand-off for the weights, half the processes on the cores.
+A small job on one machine (or a user with few accelerators) can run with one process per rank
+that trains and generates in turns, as TRL and verl's hybrid engine do: a process (its Python,
+torch and imports) fewer per index, and a new policy version loaded from the rank's own tensors
+rather than through the object store. The engine still holds its own copy of the weights.
+(BENCHMARKS.md section 2: level with separate processes on the demo job.)
 
 The driver keeps its two groups and does not know. :class:`ColocatedActors` is an
 :class:`~resilient_rl.job.actors.Actors` over another one (Ray's, or the unit tests' fake):
