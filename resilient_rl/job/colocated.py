@@ -34,10 +34,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..naming import TRAINER_ENV
 from ..spec import JobSpec
 from .actors import Actors, Placement
-from .context import job_runtime_env
+from .context import trainer_runtime_env
 
 ROLES = ("rollout", "trainer")
 
@@ -51,9 +50,8 @@ GROUPS: dict[str, dict[str, str]] = {
 
 def colocated_placement(spec: JobSpec) -> Placement:
     """The shared process's: the larger of the two roles' reservations, the trainer's environment."""
-    r, t, env = spec.rollout, spec.trainer, job_runtime_env(spec)
-    env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
-    return Placement(max(r.num_cpus, t.num_cpus), max(r.num_gpus, t.num_gpus), env)
+    r, t = spec.rollout, spec.trainer
+    return Placement(max(r.num_cpus, t.num_cpus), max(r.num_gpus, t.num_gpus), trainer_runtime_env(spec))
 
 
 def home_of(name: str) -> str | None:
@@ -119,10 +117,12 @@ class ColocatedActors:
         if home is None or role not in ROLES:
             return self.inner.create(role, name, args, placement)
         with self._lock:
-            entry = self._home(home)
+            entry = self._live.get(home)
             if entry is not None and self._roles_of(entry[0]) is None:
                 del self._live[home]  # died without a kill through this layer (a crash, a kill by name)
                 entry = None
+            if entry is None:
+                entry = self._home(home)  # one running that this layer did not make (probed there)
             if entry is None:  # the first of the two: make the process (ValueError while a dead one's name is held)
                 entry = self._live[home] = (self.inner.create("colocated", home, (), self._placement()), {})
             actor, parts = entry

@@ -19,7 +19,7 @@ from controller.events import Kind
 from controller.jobs import TERMINAL
 
 from ..errors import JobFailed, is_stale
-from ..naming import actor_name, actor_prefix
+from ..naming import TRAINER_ENV, actor_name, actor_prefix
 from ..spec import JobSpec
 from .actors import Actors
 
@@ -181,6 +181,13 @@ def job_runtime_env(spec: JobSpec) -> dict[str, Any]:
             "TOKENIZERS_PARALLELISM": "false",
         }
     }
+
+
+def trainer_runtime_env(spec: JobSpec) -> dict[str, Any]:
+    """A process that holds a trainer rank: the job's environment over :data:`TRAINER_ENV`."""
+    env = job_runtime_env(spec)
+    env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
+    return env
 
 
 def live(cur: dict[str, Any]) -> None:

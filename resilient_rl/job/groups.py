@@ -26,9 +26,8 @@ from typing import Any
 from controller.events import Kind
 
 from ..errors import describe_error
-from ..naming import TRAINER_ENV
 from .actors import Placement, actor_died, create_fresh, unreachable
-from .context import JobContext, live
+from .context import JobContext, live, trainer_runtime_env
 from .faults import FaultPolicy
 from .spares import SparePool
 
@@ -387,9 +386,8 @@ class TrainerGroup:
     def _placement(self) -> Placement:
         """Where a rank or a spare runs: ``trainer.num_cpus``/``num_gpus`` reserved, with the
         trainer's environment (threads, gloo) over the job's."""
-        t, env = self.ctx.spec.trainer, self.ctx.runtime_env()
-        env["env_vars"] = {**TRAINER_ENV, **env["env_vars"]}
-        return Placement(t.num_cpus, t.num_gpus, env)
+        t = self.ctx.spec.trainer
+        return Placement(t.num_cpus, t.num_gpus, trainer_runtime_env(self.ctx.spec))
 
     def start(self, k: int, world: int) -> Any:
         """(Re)start ``world`` ranks at committed step ``k``; returns the weights of version k

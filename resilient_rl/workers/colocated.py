@@ -116,12 +116,12 @@ class ColocatedWorker:
     # own (job/colocated.GROUPS names them)
     @ray.method(concurrency_group="control")
     def run_control(self, role: str, method: str, *args: Any) -> Any:
-        return getattr(self._part(role), method)(*args)
+        return self.run(role, method, *args)
 
     @ray.method(concurrency_group="io")
     def run_io(self, role: str, method: str, *args: Any) -> Any:
-        return getattr(self._part(role), method)(*args)
+        return self.run(role, method, *args)
 
     @ray.method(concurrency_group="export")
     def run_export(self, role: str, method: str, *args: Any) -> Any:
-        return getattr(self._part(role), method)(*args)
+        return self.run(role, method, *args)
