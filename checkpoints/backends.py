@@ -121,6 +121,11 @@ class SnapshotBackend(Protocol):
         world size). Raises :class:`SnapshotError`."""
         ...
 
+    def prepare(self) -> None:
+        """Collective: make the backend's own process group now. Call it on every rank right
+        after the default group formed, while every rank is there."""
+        ...
+
 
 # ---------------------------------------------------------------- the state tree
 
@@ -222,6 +227,12 @@ class _Backend:
             self._pg = dist.new_group(backend="gloo")
             self._world = dist.group.WORLD
         return self._pg
+
+    def prepare(self) -> None:
+        """Make the snapshot group at once (see :class:`SnapshotBackend`). Made lazily instead,
+        by the first snapshot or load, a rank lost before it got there left the others in
+        ``new_group`` (a store wait) for the process group's whole timeout."""
+        self._group()
 
     def _check_idle(self) -> None:
         if self._pending is not None and not self._pending.done():

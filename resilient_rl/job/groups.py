@@ -412,6 +412,7 @@ class TrainerGroup:
         if self.after_ranks_created is not None:
             hook, self.after_ranks_created = self.after_ranks_created, None
             hook()
+        self.fill_spares()  # the spares warm beside the ranks, not after them: a fault soon after a start is hot too
         A.get(A.call(store, "ping"))  # the ranks and the store start together
         A.call(store, "warm")  # not waited for: it imports while the ranks start (a first pull queues behind it)
         restore, s = choose_restore(c, k)

@@ -274,6 +274,7 @@ class TrainerRank:
                                   wait_for_workers=False)  # fmt: skip
         timeout = timedelta(seconds=max(30.0, float(self.spec.fault.hang_timeout)))
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout)
+        self.backend.prepare()  # the snapshot group too, now that every rank is here
         return "cuda" if backend == "nccl" else "cpu"
 
     @property

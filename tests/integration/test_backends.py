@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +254,42 @@ def test_world_size_changes_1_to_2_and_2_to_1(backend: str, tmp_path: Path) -> N
     model2, opt2, state = _load_fresh(backend, tmp_path / "w2")  # 2 -> 1
     assert _digest(model2, opt2) == ranks[0]["saved"]
     assert state["extra"] == {"step": 5, "world": 2}
+
+
+def _lone_survivor(rank: int, world: int, port: int, backend: str, save_dir: str, out_dir: str) -> None:
+    """Rank 1 leaves right after the group formed; rank 0 then snapshots (its first) alone."""
+    torch.set_num_threads(1)
+    # a timeout far beyond the test's own: a survivor that waits for the lost rank is a hang here
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=3600))  # fmt: skip
+    b = make_backend(backend)
+    b.prepare()  # what TrainerRank._join_group does, on every rank
+    if rank == 1:
+        os._exit(0)  # lost before the first snapshot (SIGKILLed, in the job)
+    model, opt = _make(0)
+    try:
+        b.async_save(training_state(model, opt, {"step": 1}), Path(save_dir)).wait()
+        outcome = "saved"
+    except Exception as e:
+        outcome = f"{type(e).__name__}: {e}"
+    (Path(out_dir) / "rank0.txt").write_text(outcome)
+    os._exit(0)  # the group is broken: no destroy (it would wait on the lost rank)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_lost_before_the_first_snapshot_fails_the_survivors_snapshot_instead_of_hanging_it(
+    backend: str, tmp_path: Path
+) -> None:
+    """The snapshot group is made with the default group (``prepare``), not by the first snapshot:
+    a rank lost in between used to leave its peers in ``new_group``, waiting on the store for the
+    group's whole timeout (an e2e test saw rank 0 stuck 240 s). Now the peers already hold a
+    connection to it, and the survivor's snapshot fails as soon as it needs the lost rank."""
+    (tmp_path / "out").mkdir()
+    args = (2, free_port(), backend, str(tmp_path / "snap"), str(tmp_path / "out"))
+    ctx = mp.start_processes(_lone_survivor, args=args, nprocs=2, join=False, start_method="fork")
+    for p in ctx.processes:
+        p.join()
+    outcome = (tmp_path / "out" / "rank0.txt").read_text()
+    assert outcome != "saved", "a snapshot of a group that lost a rank must not succeed"
+    assert "timeout" not in outcome.lower() and "timed out" not in outcome.lower(), outcome
+    assert not (tmp_path / "snap" / MANIFEST).exists()
