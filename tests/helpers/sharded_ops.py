@@ -8,7 +8,8 @@
 - ``("save", path)`` / ``("load", path)``: a DCP snapshot of the sharded state, written
   synchronously through the product's backend (``load`` reshards)
 - ``("shadow", name)`` / ``("unshadow", name)``: this rank's shadow copy of the state, taken
-  and loaded in memory (``TrainCore.shadow_state`` / ``load_shadow``)
+  and loaded in memory (``TrainCore.shadow_state`` / ``load_shadow``), in the wire format the
+  weight store keeps (``transport.pack``, then ``unpack``: numpy views of each tensor's bytes)
 - ``("record", name)``: rank 0 records the digest and the full weights under ``name``
 - ``("buckets", name, nbytes)``: rank 0 records the sizes and names of the publish buckets
 
@@ -30,6 +31,7 @@ def script(rank: int, world: int, spec_json: str, model_dir: str, batches: list[
     from checkpoints.backends import make_backend
     from resilient_rl.spec import JobSpec
     from resilient_rl.workers.train_core import TrainCore
+    from resilient_rl.workers.transport import pack, unpack
 
     spec = JobSpec.model_validate_json(spec_json)
     out: dict[str, Any] = {}
@@ -67,7 +69,8 @@ def script(rank: int, world: int, spec_json: str, model_dir: str, batches: list[
             core.apply_state(state)
         elif kind == "shadow":  # this rank's in-memory shadow copy, kept in this process
             assert core is not None
-            shadows[op[1]] = core.shadow_state()
+            tensors, tree = core.shadow_state()
+            shadows[op[1]] = (dict(unpack(pack(list(tensors.items())))), tree)
         elif kind == "unshadow":
             assert core is not None
             core.load_shadow(*shadows[op[1]])
