@@ -13,15 +13,21 @@ every step); a run whose invariants fail is reported as such, never dropped.
 
 Figures per MTBF:
 
-* ETTR between the first and the last fault (``goodput.ettr_window``: committed steps in
-  that window x the fault-free median step time / the window's length; the run's own
-  fault-free steps give the baseline, so the ratio is immune to how loaded the machine is);
-  also ETTR over the whole training phase (which includes any fault-free tail);
+* ETTR between the first and the last fault against a **fault-free run** of the same job on
+  the same machine, made first (``--reference-steps``, no fault injected): committed steps in
+  the window x the reference run's mean wall seconds per step (its commits, snapshots and
+  hand-offs included; its first 20 steps left out) / the window's length. 1.0 means the
+  faults cost nothing. The reference run's own figures are printed too;
+* the harness's own figure beside it (``goodput.ettr_window``: the same, with the soak's
+  median ``step_seconds`` as the step: what the status page shows, which also counts the
+  job's periodic costs, a snapshot every 10 steps, as lost); also ETTR over the whole
+  training phase (which includes any fault-free tail);
 * MTTR per kind: detection, next committed step, group back at its desired size (seconds
   after the injection), median (min-max) over the faults of that kind across repeats.
 
 The job's step count is sized so that it outlasts the fault window (``--steps``, default
-``duration x 5`` steps); a fault scheduled after the job has finished is reported as not
+``duration x 15`` steps: 5 was enough at a 0.16 s step; at 0.09 s a 6-minute soak's job ended
+after 190 s, before a third of its faults); a fault scheduled after the job has finished is reported as not
 fired (the harness then exits 1; this benchmark counts it and goes on).
 """
 
@@ -52,7 +58,7 @@ def soak(mtbf_s: float, duration_s: float, seed: int, steps: int, out: Path) -> 
     before = set(out.iterdir())
     argv = [
         str(Path(sys.executable).parent / "rrl"), "chaos", "soak",
-        "--duration", f"{duration_s:g}s", "--mtbf", f"{mtbf_s:g}s", "--seed", str(seed),
+        "--duration", f"{duration_s:.10g}s", "--mtbf", f"{mtbf_s:.10g}s", "--seed", str(seed),
         "--steps", str(steps), "--out", str(out),
     ]  # fmt: skip
     print(f"$ {' '.join(argv)}", flush=True)
@@ -65,6 +71,32 @@ def soak(mtbf_s: float, duration_s: float, seed: int, steps: int, out: Path) -> 
     rep = dict(json.loads(reports[-1].read_text()))
     rep["exit_code"], rep["bench_wall_s"] = rc, round(time.monotonic() - t0, 1)
     return rep
+
+
+#: steps of the fault-free reference run left out of its mean (start-up: the spares warming beside it)
+REFERENCE_SKIP = 20
+
+
+def reference_step_s(rep: dict[str, Any]) -> float:
+    """The mean wall seconds per step of a fault-free run: the time between its commits, past
+    its first ``REFERENCE_SKIP`` steps."""
+    times = sorted(float(s["time"]) for s in rep.get("steps", []) if isinstance(s.get("time"), int | float))
+    times = times[REFERENCE_SKIP:]
+    if len(times) < 20:
+        raise RuntimeError(f"the fault-free reference run committed {len(times)} steps past its first "
+                           f"{REFERENCE_SKIP}: too few for a mean")  # fmt: skip
+    return (times[-1] - times[0]) / (len(times) - 1)
+
+
+def ettr_vs_reference(rep: dict[str, Any], step_s: float) -> float | None:
+    """ETTR between the soak's first and last injection, against the fault-free run's
+    ``step_s``: committed steps in ``[first, last)`` x ``step_s`` / the window (at most 1)."""
+    inj = sorted(float(f["injected_at"]) for f in rep.get("faults", []) if f.get("injected_at") is not None)
+    if len(inj) < 2 or inj[-1] <= inj[0]:
+        return None
+    lo, hi = inj[0], inj[-1]
+    inside = sum(1 for s in rep.get("steps", []) if isinstance(s.get("time"), int | float) and lo <= s["time"] < hi)
+    return round(min(1.0, inside * step_s / (hi - lo)), 4)
 
 
 def condense(rep: dict[str, Any]) -> dict[str, Any]:
@@ -263,29 +295,49 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", default="6m", help="Fault window per soak (e.g. 6m, 30m).")
     ap.add_argument("--seed", type=int, default=1, help="Seed of the first repeat's schedule (+1 per repeat).")
     ap.add_argument("--repeats", type=int, default=1, help="Soaks per MTBF.")
-    ap.add_argument("--steps", type=int, default=None, help="Job steps (default: duration in s x 5).")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="Job steps (default: duration in s x 15: at the soak's ~0.09 s step, the job outlasts the fault window).",
+    )
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/rrl-bench-recovery"), help="Chaos run folders.")
+    ap.add_argument("--reference-steps", type=int, default=600,
+                    help="Steps of the fault-free reference run made before the soaks (its mean wall "
+                         "seconds per step is the ETTR's fault-free step).")  # fmt: skip
     args = ap.parse_args(argv)
     if args.trainer_kills:
         return trainer_paths(args.trainer_kills, args.out_dir, args.world, args.model == "100m")
     if args.rollout_kills:
         return rollout_paths(args.rollout_kills, args.out_dir)
     duration = parse_seconds(args.duration)
-    steps = args.steps or int(duration * 5)
+    steps = args.steps or int(duration * 15)
     mtbfs = [float(x) for x in args.mtbf.split(",") if x.strip()]
     print(machine_line(), flush=True)
 
+    print(f"\nfault-free reference: the same job, {args.reference_steps} steps, no fault", flush=True)
+    ref = soak(1e9, 60, args.seed, args.reference_steps, args.out_dir)
+    if ref.get("faults"):
+        raise RuntimeError("the fault-free reference run injected a fault")
+    ref_step = reference_step_s(ref)
+    ref_g = ref.get("goodput") or {}
+    print(f"  -> {ref['job']['phase']}, mean {ref_step:.4f} s a step (commit to commit, past step {REFERENCE_SKIP}); "
+          f"its median step_seconds {ref_g.get('fault_free_step_s')}, its own ETTR by the median {ref_g.get('ettr')}",
+          flush=True)  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {f"{m:g}": [] for m in mtbfs}
     for r in range(args.repeats):
         for m in mtbfs:
             print(f"\nsoak: mtbf {m:g} s, {duration:g} s of faults, seed {args.seed + r}, {steps} steps", flush=True)
-            rep = condense(soak(m, duration, args.seed + r, steps, args.out_dir))
+            full = soak(m, duration, args.seed + r, steps, args.out_dir)
+            rep = condense(full)
+            rep["ettr_vs_reference"] = ettr_vs_reference(full, ref_step)
             runs[f"{m:g}"].append(rep)
             g = rep["goodput"] or {}
             print(
                 f"  -> {rep['job']['phase']}, {rep['injected']}/{rep['scheduled']} faults injected, "
                 f"invariants {'green' if all(i['ok'] for i in rep['invariants']) else 'VIOLATED'}, "
-                f"ETTR window {g.get('ettr_window')}, training phase {g.get('ettr')}",
+                f"ETTR window vs the fault-free run {rep['ettr_vs_reference']}; by the median step "
+                f"{g.get('ettr_window')}, training phase {g.get('ettr')}",
                 flush=True,
             )
 
@@ -296,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             f"1 per {m} s", len(reps),
             sum(r["injected"] for r in reps),
             "green" if all(i["ok"] for r in reps for i in r["invariants"]) else "**VIOLATED**",
+            fmt([r["ettr_vs_reference"] for r in reps if r.get("ettr_vs_reference") is not None]),
             fmt([x["ettr_window"] for x in g if x.get("ettr_window") is not None]),
             fmt([x["ettr"] for x in g if x.get("ettr") is not None]),
             fmt([x["fault_free_step_s"] for x in g if x.get("fault_free_step_s")], 3),
@@ -307,16 +360,24 @@ def main(argv: list[str] | None = None) -> int:
             cells = [fmt([f[c] for f in fs if f[c] is not None]) for c in FIGS]
             mttr_rows.append([f"1 per {m} s", k, len(fs), *cells])
 
-    print("\nGoodput (ETTR = committed steps x fault-free step / wall; median (min-max) over soaks)\n")
-    print(table(["faults", "soaks", "faults injected", "invariants", "ETTR in fault window", "ETTR training phase",
+    print(
+        f"\nGoodput (ETTR = committed steps x fault-free step / wall; median (min-max) over soaks). The fault-free "
+        f"step: the reference run's mean, {ref_step:.4f} s; or the soak's own median step_seconds\n"
+    )
+    print(table(["faults", "soaks", "faults injected", "invariants", "ETTR in fault window vs the fault-free run",
+                 "ETTR in fault window by the median step", "ETTR training phase",
                  "fault-free step s", "steps replayed"], goodput_rows))  # fmt: skip
     print("\nMTTR per fault kind, seconds after injection, median (min-max) over faults\n")
     print(table(["faults", "kind", "n", "detection", "next commit", "group size restored"], mttr_rows))
     path = save(
         "recovery",
         {"duration_s": duration, "steps": steps, "mtbf_s": mtbfs, "runs": runs,
+         "reference": {"steps": args.reference_steps, "mean_step_s": round(ref_step, 5), "run_dir": ref.get("run_dir"),
+                       "goodput": ref_g},
          "summary": {m: {"ettr_window": summary([r["goodput"]["ettr_window"] for r in reps
-                                                  if (r["goodput"] or {}).get("ettr_window") is not None])}
+                                                  if (r["goodput"] or {}).get("ettr_window") is not None]),
+                         "ettr_vs_reference": summary([r["ettr_vs_reference"] for r in reps
+                                                       if r.get("ettr_vs_reference") is not None])}
                      for m, reps in runs.items()}},
     )  # fmt: skip
     print(f"\nresults: {path}")

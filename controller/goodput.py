@@ -3,7 +3,10 @@ report and the benchmarks all compute it here.
 
 ETTR (effective training time ratio) = committed steps x fault-free step time / wall time,
 capped at 1. The fault-free step time is the median ``step_seconds`` of the committed steps
-(robust to the slow steps around faults) unless a baseline is given. Lost work: steps
+(robust to the slow steps around faults) unless a baseline is given. A step's seconds are its
+wall time, from the previous step's result to its own (``JobRunner._loop``): its hand-off and
+commit included, so a fault-free run's steps add up to its wall time but for the periodic
+costs the median leaves out (snapshots). Lost work: steps
 replayed (``replay`` events), rollout samples regenerated (exactly, from ``shard_resumed``
 events: the samples the next worker generated again of a lost shard; a fault with no such
 event, a take-over's or an idle worker's, counts its shard whole: an upper bound), and the time in recovery (each fault

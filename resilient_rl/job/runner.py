@@ -290,9 +290,12 @@ class JobRunner:
             shards.collect(ready, rollouts)  # before the step's outcome: the next batch may be complete now
             if train is not None:
                 done = self._train_outcome(train)
+                seen = time.monotonic()  # a step's seconds run from one result seen to the next: its wall time,
+                # the hand-off and commit of the step before included (the median of these is what
+                # a fault-free step costs: controller/goodput.py)
                 if isinstance(done, WholeThenLost):
-                    snaps, _ = self._committed(train, done.results, time.monotonic() - t_step, snaps, whole=False)
-                    k, t_step = k + 1, time.monotonic()
+                    snaps, _ = self._committed(train, done.results, seen - t_step, snaps, whole=False)
+                    k, t_step = k + 1, seen
                     # after the commit: it is not a recovery
                     self.faults.detected(classify("trainer", error=done.error))
                     self._recover(Training(k, train.refs, train.sent, train.sent_at), done.why, "lost", lost=True)
@@ -302,8 +305,8 @@ class JobRunner:
                     self.leases.reset()  # ranks replaced: their keys are new
                     continue
                 if done is not None:
-                    snaps, train = self._committed(train, done, time.monotonic() - t_step, snaps)
-                    k, t_step = k + 1, time.monotonic()
+                    snaps, train = self._committed(train, done, seen - t_step, snaps)
+                    k, t_step = k + 1, seen
             shards.watchdog(rollouts)
         return snaps
 
