@@ -42,6 +42,13 @@ times, for the analysis; the profiles are written to DIR and nothing is saved to
 
 Engine: vLLM by default, the engine of the demo job and the one rrl is built around (in-place
 weight reload); ``--engine hf`` runs all three variants with the HF engine instead.
+
+Load: ``--load N`` starts N busy-looping processes of the benchmark's own (nice 0, children
+of this process, each in a session of its own, ended by handle) once the platform is up, and keeps them running through
+every variant and repeat: the machine is then loaded by a known amount, the same for the
+bare loop and rrl, and each run records the 1-minute load average at its end. With the
+per-step critical-path budget rrl's runs print, an idle run and a loaded one show what load
+adds to each hand-off.
 """
 
 from __future__ import annotations
@@ -488,6 +495,29 @@ def parse_steps(text: str, sizes: list[str]) -> dict[str, int]:
     return out
 
 
+#: a background load process: a busy loop until it is ended (``--load``)
+BUSY = "while True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def background_load(n: int) -> Any:
+    """``n`` busy-looping child processes for the block's duration (none for 0), ended by handle.
+
+    Each in a session of its own, as programs started apart from this one are: Linux's
+    autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) shares the CPU between
+    sessions first, so a load in this process's session would fall on the bare loop (its child)
+    alone and spare rrl's workers, which run in the Ray head's session."""
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY], stdin=subprocess.DEVNULL, start_new_session=True)
+             for _ in range(n)]  # fmt: skip
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench overhead", description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats of (bare, rrl s=0, rrl s=1)")
@@ -500,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         help="rollout engine for all three variants (default vllm, as the demo job)",
     )
     ap.add_argument("--warmup", type=int, default=5, help="first steps left out of steps/s")
+    ap.add_argument("--load", type=int, default=0, metavar="N",
+                    help="N busy-looping processes of the benchmark's own running through every run (a load of "
+                         "known size, the same for bare and rrl; default 0: none)")  # fmt: skip
     ap.add_argument("--variants", default="bare,s0,s1", help=argparse.SUPPRESS)
     ap.add_argument("--profile", type=Path, default=None, help="profile one bare and one rrl run per size into DIR")
     ap.add_argument("--bare-child", type=Path, default=None, help=argparse.SUPPRESS)
@@ -514,18 +547,21 @@ def main(argv: list[str] | None = None) -> int:
     steps = parse_steps(args.steps, sizes)
     if any(v < args.warmup + 3 for v in steps.values()):
         ap.error(f"--steps must be at least --warmup + 3 = {args.warmup + 3}")
+    if not 0 <= args.load <= 64:
+        ap.error(f"--load must be between 0 and 64 processes, not {args.load}")
     keep = {"bare": "bare", "s0": "rrl s=0", "s1": "rrl s=1"}
     variants = [(v, s) for v, s in VARIANTS if v in {keep[x] for x in args.variants.split(",")}]
     m = machine()
     print(f"machine: {machine_line(m)}", flush=True)
-    print(f"engine {args.engine}, {args.repeats} repeats, steps {steps}, warm-up {args.warmup} steps", flush=True)
+    print(f"engine {args.engine}, {args.repeats} repeats, steps {steps}, warm-up {args.warmup} steps, "
+          f"background load {args.load} busy process(es)", flush=True)  # fmt: skip
     os.environ.setdefault("RRL_WORKER_THREADS", "1")
 
     runs: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix="rrl-bench-overhead-"))
     t_all = time.monotonic()
     try:
-        with local_platform(tmp / "home", progress=lambda *a: None) as (_, client):
+        with local_platform(tmp / "home", progress=lambda *a: None) as (_, client), background_load(args.load):
             print(f"platform up after {time.monotonic() - t_all:.0f} s", flush=True)
             if args.profile is not None:
                 for size in sizes:
@@ -559,10 +595,12 @@ def main(argv: list[str] | None = None) -> int:
                                 f"shard generate {res['generate_s_mean']:.3f} s; per step (mean):\n"
                                 f"{critical_path_text(res['critical_path_ms'])}"
                             )
-                        res.update(size=size, variant=variant, repeat=rep, steps=steps[size])
+                        load1 = round(os.getloadavg()[0], 2)
+                        res.update(size=size, variant=variant, repeat=rep, steps=steps[size], load_avg_end=load1)
                         runs.append(res)
                         print(f"[{rep + 1}/{args.repeats}] {size} {variant}: {res['steps_per_s']:.3f} steps/s "
-                              f"({time.monotonic() - t0:.0f} s wall){extra}", flush=True)  # fmt: skip
+                              f"({time.monotonic() - t0:.0f} s wall, load average {load1} at its end){extra}",
+                              flush=True)  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if not runs:
@@ -605,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "machine_at_start": m,
             "engine": args.engine,
+            "background_load": args.load,
             "repeats": args.repeats,
             "steps": steps,
             "warmup": args.warmup,

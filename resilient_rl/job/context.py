@@ -172,9 +172,17 @@ class JobContext:
 
 
 def job_runtime_env(spec: JobSpec) -> dict[str, Any]:
-    """The environment of every worker process of the job (Ray's ``runtime_env``)."""
+    """The environment of every worker process of the job (Ray's ``runtime_env``).
+
+    ``RAY_worker_niceness`` 0: Ray starts worker processes at nice 15 (so that its own
+    daemons stay responsive), and the job's workers are its critical path: at nice 15 every
+    burst of the controller, etcd or Ray's daemons, and any other process on the machine,
+    takes the CPU from them at once (on a 2-core machine about half of rrl's overhead against
+    a bare loop, BENCHMARKS.md section 1). Ray gives its own job drivers nice 0 the same way
+    (its job supervisor's ``runtime_env``)."""
     return {
         "env_vars": {
+            "RAY_worker_niceness": "0",
             "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(spec.rollout.kv_cache_gib))),
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "HF_HUB_OFFLINE": "1",

@@ -219,6 +219,11 @@ def test_cancel_running_job_stops_its_workers(platform: LivePlatform, tmp_path: 
     while jobs.get(platform.store, job).state.get("step", 0) < 2:
         assert time.monotonic() < deadline, "job did not start stepping"
         time.sleep(0.5)
+    # the job's workers run at nice 0, not at Ray's nice 15 for workers (job_runtime_env)
+    members = jobs.get(platform.store, job).members
+    pids = [int(m["pid"]) for g in ("rollout", "trainer") for m in (members.get(g) or {}).values()]
+    nice = {p: os.getpriority(os.PRIO_PROCESS, p) for p in pids}
+    assert len(pids) >= 2 and set(nice.values()) == {0}, nice
     jobs.cancel(platform.store, job)
     rec = platform.wait(job, timeout=120)
     assert rec.phase == "CANCELLED" and rec.state["reason"] == "cancelled by user"
