@@ -1,6 +1,6 @@
-"""Recovery under random faults: MTTR per fault kind and ETTR at one fault per 30 s and per 60 s.
+"""Recovery under random faults: MTTR per fault kind and ETTR at one fault per 30 s and per 10 s.
 
-.venv/bin/python -m bench recovery [--mtbf 30,60] [--duration 6m] [--seed 1] [--repeats 1]
+.venv/bin/python -m bench recovery [--mtbf 30,10] [--duration 6m] [--seed 1] [--repeats 1]
 .venv/bin/python -m bench recovery --trainer-kills 4 [--world 2]   # hot vs cold trainer recovery (world 1 or 2)
 .venv/bin/python -m bench recovery --rollout-kills 3                # rollout kills with a warm spare vs without
 
@@ -27,7 +27,7 @@ Figures per MTBF:
 
 The job's step count is sized so that it outlasts the fault window (``--steps``, default
 ``duration x 15`` steps: 5 was enough at a 0.16 s step; at 0.09 s a 6-minute soak's job ended
-after 190 s, before a third of its faults); a fault scheduled after the job has finished is reported as not
+after 190 s, a third of its faults not fired); a fault scheduled after the job has finished is reported as not
 fired (the harness then exits 1; this benchmark counts it and goes on).
 """
 
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="The --trainer-kills job's model: the tiny one, or 104.7M parameters (Qwen2 shape).")  # fmt: skip
     ap.add_argument("--world", type=int, choices=(1, 2), default=2,
                     help="Trainer ranks of the --trainer-kills job (1: the spare takes over from the shadow copy).")  # fmt: skip
-    ap.add_argument("--mtbf", default="30,60", help="Mean seconds between faults, comma-separated.")
+    ap.add_argument("--mtbf", default="30,10", help="Mean seconds between faults, comma-separated.")
     ap.add_argument("--duration", default="6m", help="Fault window per soak (e.g. 6m, 30m).")
     ap.add_argument("--seed", type=int, default=1, help="Seed of the first repeat's schedule (+1 per repeat).")
     ap.add_argument("--repeats", type=int, default=1, help="Soaks per MTBF.")
@@ -310,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         return trainer_paths(args.trainer_kills, args.out_dir, args.world, args.model == "100m")
     if args.rollout_kills:
         return rollout_paths(args.rollout_kills, args.out_dir)
+    if args.reference_steps < REFERENCE_SKIP + 20:
+        ap.error(f"--reference-steps must be at least {REFERENCE_SKIP + 20} (the first {REFERENCE_SKIP} are left out)")
     duration = parse_seconds(args.duration)
     steps = args.steps or int(duration * 15)
     mtbfs = [float(x) for x in args.mtbf.split(",") if x.strip()]
