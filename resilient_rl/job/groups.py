@@ -223,10 +223,13 @@ class RolloutGroup:
         return [i for i, t in self.joining.values() if now - t > limit]
 
     def _vacate(self, i: int) -> tuple[str, Any] | None:
-        """Empty index ``i`` (a fault or a preemption): kill its worker, forget its join, note when
-        (:attr:`removed_at`). Returns the spare that was being promoted into it, if any."""
+        """Empty index ``i`` (a fault or a preemption): kill its worker, forget its join and its node's
+        drain (its successor may be elsewhere: were the drain kept, the successor's first answer
+        would make it leave as preempted), note when (:attr:`removed_at`). Returns the spare that
+        was being promoted into it, if any."""
         self.ctx.check_leader()  # a deposed leader must not touch the new leader's workers
         self.idle.discard(i)
+        self.draining.pop(i, None)
         self.removed_at[i] = time.time()
         for ref, (j, _) in list(self.joining.items()):
             if j == i:
@@ -284,7 +287,6 @@ class RolloutGroup:
         """Empty index ``i`` and take its place at once with a spare (returned) or a new worker
         (see :meth:`tick`): no restart spent from the budget, no backoff."""
         taken = self._vacate(i)
-        self.draining.pop(i, None)
         spare = taken or (self.spares.take() if i < self.ctx.want("rollout") else None)
         if spare is not None:
             self.promoting[i] = spare

@@ -269,6 +269,36 @@ def test_a_drained_nodes_rollout_worker_and_trainer_rank_leave_without_a_fault(t
     assert job.c.state["weights_digest"] == "0,1,2,3,4,5,6,7"
 
 
+def test_a_worker_on_a_draining_node_that_hangs_is_a_fault_and_its_successor_elsewhere_is_not_drained(
+    tmp_path: Path,
+) -> None:
+    """Node "b" is drained while rollout worker 1, on it, is stuck in a shard: it cannot leave
+    (its shard never comes in), so the watchdog finds it hung, a fault. Its successor starts on
+    node "c": nothing of the drain may stick to index 1 (it was once kept, and the successor's
+    first answer made it leave as "preempted", then the next one, ...)."""
+    script = Script(hang_rollout_at={(2, 1)})
+    job = Job(tmp_path, script, steps=6, fault={"hang_timeout": 3.0})
+    job.c.membership = {"rollout": {}, "trainer": {}}
+
+    def drain(worker: int, step: int, shard: int) -> None:
+        if (step, shard) == (2, 1):  # the shard its worker hangs in: the node's notice comes now
+            job.layer.draining = {"b": time.time() + 600}
+
+    def registered(i: int) -> None:  # the first of each index on "a" or "b", successors on "c"
+        members = job.c.membership["rollout"]
+        members[str(i)] = {"ray_node": "c" if str(i) in members else "ab"[i]}
+
+    script.on_shard = drain
+    script.on_register = registered
+    job.lead()
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    (hang,) = job.events("rollout_hang")
+    assert hang["worker"] == 1, hang
+    assert job.events("preempted") == [], job.events("preempted")  # the successor on "c" was never drained
+    assert job.c.membership["rollout"]["1"]["ray_node"] == "c"
+    assert job.c.state["weights_digest"] == "0,1,2,3,4,5"
+
+
 def test_the_only_rank_preempted_without_a_spare_goes_the_cold_way_without_a_fault(tmp_path: Path) -> None:
     """World 1, no spare: nobody holds the state in a process, so the group restarts from the
     newest snapshot (+ replay) at the boundary, still as a preemption: nothing spent, exact."""
