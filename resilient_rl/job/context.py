@@ -175,11 +175,10 @@ def job_runtime_env(spec: JobSpec) -> dict[str, Any]:
     """The environment of every worker process of the job (Ray's ``runtime_env``).
 
     ``RAY_worker_niceness`` 0: Ray starts worker processes at nice 15 (so that its own
-    daemons stay responsive), and the job's workers are its critical path: at nice 15 every
-    burst of the controller, etcd or Ray's daemons, and any other process on the machine,
-    takes the CPU from them at once (on a 2-core machine about half of rrl's overhead against
-    a bare loop, BENCHMARKS.md section 1). Ray gives its own job drivers nice 0 the same way
-    (its job supervisor's ``runtime_env``)."""
+    daemons stay responsive), and the job's workers are its critical path. At nice 15, on a
+    2-core machine with 4 busy processes beside the job, a step took 1.51x as long as at nice 0;
+    idle, 2-3 % longer (BENCHMARKS.md section 1). Ray gives its own job drivers nice 0 the
+    same way (its job supervisor's ``runtime_env``)."""
     return {
         "env_vars": {
             "RAY_worker_niceness": "0",
