@@ -90,13 +90,12 @@ def reference_step_s(rep: dict[str, Any]) -> float:
 
 def ettr_vs_reference(rep: dict[str, Any], step_s: float) -> float | None:
     """ETTR between the soak's first and last injection, against the fault-free run's
-    ``step_s``: committed steps in ``[first, last)`` x ``step_s`` / the window (at most 1)."""
-    inj = sorted(float(f["injected_at"]) for f in rep.get("faults", []) if f.get("injected_at") is not None)
-    if len(inj) < 2 or inj[-1] <= inj[0]:
-        return None
-    lo, hi = inj[0], inj[-1]
-    inside = sum(1 for s in rep.get("steps", []) if isinstance(s.get("time"), int | float) and lo <= s["time"] < hi)
-    return round(min(1.0, inside * step_s / (hi - lo)), 4)
+    ``step_s``: the harness's ``ettr_window`` (committed steps in ``[first, last)`` x the step /
+    the window, at most 1) with ``step_s`` as its baseline."""
+    from resilient_rl.chaos import measure
+
+    inj = [float(f["injected_at"]) for f in rep.get("faults", []) if f.get("injected_at") is not None]
+    return measure.goodput({}, rep.get("steps", []), baseline_step_s=step_s, injections=inj).get("ettr_window")
 
 
 def condense(rep: dict[str, Any]) -> dict[str, Any]:
