@@ -625,7 +625,7 @@ class JobRunner:
         self.version, self.weights = k + 1, results[0]["weights"]
         self.committer.hand_off(self.version, self.weights, self.rollouts)
         self.shards.plan(self.version)
-        self.shards.queue_eval(self.version, self._evals_done)  # behind the training shards
+        self.shards.queue_eval(self.version, self._evals_done, final=self.version >= self.spec.steps)  # behind training
         self.shards.dispatch(self.rollouts)
         want, strategy = self._want("trainer"), self._strategy()
         resize = whole and (want != self.trainers.world or strategy != self.trainers.strategy)

@@ -94,6 +94,7 @@ class ShardScheduler:
         self.queue: deque[Shard] = deque()
         self.evalq: deque[Shard] = deque()  # eval shards: sent only when no training shard waits
         self.evals: dict[int, tuple[int, dict[int, dict[str, Any]]]] = {}  # version -> (shards, results) until all in
+        self.final_eval: int | None = None  # the last policy's evaluation, waiting for the one running
         self.on_eval: Callable[[int, list[dict[str, Any]]], None] = lambda v, results: None
         self.inflight: dict[Any, InFlight] = {}  # call ref -> what it generates
         self.done: dict[int, dict[int, dict[str, Any]]] = {}  # step -> shard -> summary
@@ -225,12 +226,19 @@ class ShardScheduler:
 
     # -- evaluation (spec.eval) ------------------------------------------------------
 
-    def queue_eval(self, version: int, done: set[int]) -> None:
+    def queue_eval(self, version: int, done: set[int], *, final: bool = False) -> None:
         """Queue the evaluation of policy ``version`` if the spec asks for it (a multiple of
         ``eval.every``) and it is neither recorded (``done``) nor queued already: the eval
-        task's first ``eval.prompts`` positions, one shard per rollout worker."""
+        task's first ``eval.prompts`` positions, one shard per rollout worker. One runs at a
+        time; a version due while another runs is skipped, except the ``final`` one (the job's
+        last policy): no newer policy replaces it on the workers, so it waits its turn."""
         ev = self.ctx.spec.eval
         if ev is None or version <= 0 or version % ev.every or version in done or version in self.evals:
+            return
+        if self.evals and final:
+            self.final_eval = version
+            self.ctx.event(Kind.EVAL, f"evaluation of the final policy version {version} waits for the evaluation "
+                           f"of version {min(self.evals)}", waiting=version)  # fmt: skip
             return
         if self.evals:  # one evaluation at a time: evals slower than eval.every steps must not pile up
             self.ctx.event(Kind.EVAL, f"evaluation of policy version {version} skipped: the evaluation of "
@@ -244,8 +252,8 @@ class ShardScheduler:
         self.evalq.extend(Shard(version, i, tuple(range(bounds[i], bounds[i + 1])), EVAL) for i in range(n))
 
     def evaluating(self) -> bool:
-        """Whether an evaluation is queued or in flight."""
-        return bool(self.evals)
+        """Whether an evaluation is queued, in flight or waiting (the final one)."""
+        return bool(self.evals) or self.final_eval is not None
 
     def _eval_result(self, shard: Shard, result: dict[str, Any]) -> None:
         if shard.step not in self.evals:
@@ -255,6 +263,9 @@ class ShardScheduler:
         if len(got) == n:
             del self.evals[shard.step]
             self.on_eval(shard.step, [got[i] for i in sorted(got)])
+            if self.final_eval is not None:  # the job's last policy, held back until now
+                version, self.final_eval = self.final_eval, None
+                self.queue_eval(version, set())
 
     def refs(self) -> list[Any]:
         return list(self.inflight)
