@@ -1,7 +1,7 @@
 """Recovery under random faults: MTTR per fault kind and ETTR at one fault per 30 s and per 10 s.
 
 .venv/bin/python -m bench recovery [--mtbf 30,10] [--duration 6m] [--seed 1] [--repeats 1]
-.venv/bin/python -m bench recovery --trainer-kills 4 [--world 2]   # hot vs cold trainer recovery (world 1 or 2)
+.venv/bin/python -m bench recovery --trainer-kills 4 [--world 2] [--strategy fsdp]   # hot vs cold trainer recovery
 .venv/bin/python -m bench recovery --rollout-kills 3                # rollout kills with a warm spare vs without
 
 Each run is the chaos harness's soak (``rrl chaos soak``, scenarios/soak.yaml: the tiny
@@ -121,8 +121,10 @@ def condense(rep: dict[str, Any]) -> dict[str, Any]:
 BIG = {"hidden_size": 768, "num_layers": 14, "num_heads": 12, "num_kv_heads": 4, "intermediate_size": 2560}
 
 
-def trainer_scenario(hot: bool, kills: int, name: str, world: int = 2, big: bool = False) -> dict[str, Any]:
-    """A chaos scenario of ``kills`` trainer-rank SIGKILLs on a DDP job of ``world`` ranks, with
+def trainer_scenario(
+    hot: bool, kills: int, name: str, world: int = 2, big: bool = False, strategy: str = "ddp"
+) -> dict[str, Any]:
+    """A chaos scenario of ``kills`` trainer-rank SIGKILLs on a ``strategy`` job of ``world`` ranks, with
     ``trainer.hot_recovery`` on or off (at world 1 the hot path is the warm spare from the
     shadow copy). Kills are 24 steps apart at world 2; at world 1, 60 (about 20 s: a spare used
     by one kill is warm again, ~7 s here, before the next; faster faults meet no spare). With
@@ -134,7 +136,7 @@ def trainer_scenario(hot: bool, kills: int, name: str, world: int = 2, big: bool
         "job": {
             "name": name, "model": {"init": BIG if big else {}}, "task": {"kind": "copy", "num_prompts": 64},
             "rollout": {"replicas": 1, "engine": "hf", "sampling": {"max_tokens": 6, "n": 4}, "spares": 0},
-            "trainer": {"replicas": world, "lr": 1e-4 if big else 0.002, "hot_recovery": hot},
+            "trainer": {"replicas": world, "lr": 1e-4 if big else 0.002, "hot_recovery": hot, "strategy": strategy},
             "prompts_per_step": 2 if big else 4, "steps": gap * kills + (6 if big else 12), "seed": 7,
             "checkpoint": {"every": 10, "keep": 2},
             "fault": {"hang_timeout": 60.0 if big else 5.0, "lease_ttl": 3},
@@ -224,17 +226,17 @@ def memcpy_gbps() -> float:
     return x.numel() * 4 / best / 1e9
 
 
-def trainer_paths(kills: int, out: Path, world: int = 2, big: bool = False) -> int:
+def trainer_paths(kills: int, out: Path, world: int = 2, big: bool = False, strategy: str = "ddp") -> int:
     """Trainer-rank kills at ``world``, the hot path and the cold path in one run, side by side.
     With ``big`` (the 104.7M model) the hot figure is set beside the issue's bound: detection +
     one step + 2 x (trainer state bytes / memcpy bandwidth)."""
     print(machine_line(), flush=True)
     rows, runs = [], {}
-    tag = f"w{world}" + ("-100m" if big else "")
+    tag = f"w{world}" + ("-100m" if big else "") + ("-fsdp" if strategy == "fsdp" else "")
     for hot in (True, False):
         mode = "hot" if hot else "cold"
         full, rc = _chaos_run(out / f"trainer-{tag}-{mode}",
-                              trainer_scenario(hot, kills, f"bench-trainer-{tag}-{mode}", world, big))  # fmt: skip
+                              trainer_scenario(hot, kills, f"bench-trainer-{tag}-{mode}", world, big, strategy))  # fmt: skip
         rep = condense({**full, "exit_code": rc})
         recs = [e for e in full.get("events", []) if e.get("kind") == "trainer_recovered"]
         rep["recoveries"] = [{k: e.get(k) for k in ("recovery", "seconds", "spares_used", "replayed", "phases")}
@@ -248,7 +250,7 @@ def trainer_paths(kills: int, out: Path, world: int = 2, big: bool = False) -> i
                      *[fmt([f[c] for f in fs if f[c] is not None]) for c in FIGS],
                      fmt([r["seconds"] for r in rep["recoveries"] if r.get("seconds") is not None]),
                      f"{spared}/{len(rep['recoveries'])}"])  # fmt: skip
-    print(f"\nTrainer rank SIGKILLed, world {world} DDP{' (104.7M parameters)' if big else ''}, seconds after "
+    print(f"\nTrainer rank SIGKILLed, world {world} {strategy.upper()}{' (104.7M parameters)' if big else ''}, seconds after "
           "injection, median (min-max) over faults\n")  # fmt: skip
     print(table(["recovery", "faults injected", "invariants", "detection", "next commit", "group size restored",
                  "recovery itself", "warm spare used"], rows))  # fmt: skip
@@ -280,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         metavar="N",
-        help="Instead of the soaks: N trainer-rank kills (DDP, --world ranks), once with hot "
+        help="Instead of the soaks: N trainer-rank kills (--strategy, --world ranks), once with hot "
         "recovery and once with the cold path, MTTR side by side.",
     )
     ap.add_argument("--rollout-kills", type=int, default=0, metavar="N",
@@ -290,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="The --trainer-kills job's model: the tiny one, or 104.7M parameters (Qwen2 shape).")  # fmt: skip
     ap.add_argument("--world", type=int, choices=(1, 2), default=2,
                     help="Trainer ranks of the --trainer-kills job (1: the spare takes over from the shadow copy).")  # fmt: skip
+    ap.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",
+                    help="The --trainer-kills job's trainer.strategy (fsdp: the hot path loads the shadow copy).")  # fmt: skip
     ap.add_argument("--mtbf", default="30,10", help="Mean seconds between faults, comma-separated.")
     ap.add_argument("--duration", default="6m", help="Fault window per soak (e.g. 6m, 30m).")
     ap.add_argument("--seed", type=int, default=1, help="Seed of the first repeat's schedule (+1 per repeat).")
@@ -306,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                          "seconds per step is the ETTR's fault-free step).")  # fmt: skip
     args = ap.parse_args(argv)
     if args.trainer_kills:
-        return trainer_paths(args.trainer_kills, args.out_dir, args.world, args.model == "100m")
+        return trainer_paths(args.trainer_kills, args.out_dir, args.world, args.model == "100m", args.strategy)
     if args.rollout_kills:
         return rollout_paths(args.rollout_kills, args.out_dir)
     if args.reference_steps < REFERENCE_SKIP + 20:

@@ -437,20 +437,22 @@ class TrainerSpec(_Section):
         True,
         description="ddp: a lost rank is replaced while the surviving ranks keep their processes and "
         "state: they re-form the process group with a new rank and send it their state, and the "
-        "interrupted step is trained again (no restore, no replay); at world 1 a warm spare takes over "
-        "from the shadow copy. false, or when it cannot apply (fsdp, several ranks lost, a survivor "
-        "unaccounted for, no spare at world 1): the whole group restarts from the newest snapshot or "
-        "shadow copy (the cold path). Events say which (`recovery`).",
+        "interrupted step is trained again (no restore, no replay); fsdp: the survivors keep their "
+        "processes, and with the new rank every rank loads its part of the shadow copy and replays at "
+        "most shadow_every steps; at world 1 a warm spare takes over from the shadow copy. false, or "
+        "when it cannot apply (every rank lost, a survivor unaccounted for, no spare at world 1, fsdp "
+        "without a shadow copy): the whole group restarts from the newest snapshot or shadow copy (the "
+        "cold path). Events say which (`recovery`).",
     )
     spares: int = Size(
         1,
         ge=0,
         le=8,
         why="a spare holds a rank's CPUs and memory while it waits",
-        description="Warm spare trainer processes (ddp, hot_recovery): started beside the "
-        "ranks with torch imported and the model and optimizer built, in no process group. A hot recovery "
-        "promotes one in the lost rank's place (it receives the state from a survivor, or at world 1 loads "
-        "the shadow copy and replays at most shadow_every steps: no process start, no model load) "
+        description="Warm spare trainer processes (hot_recovery): started beside the ranks with torch "
+        "imported and (ddp) the model and optimizer built, in no process group. A hot recovery "
+        "promotes one in the lost rank's place (it receives the state from a survivor, or under fsdp and "
+        "at world 1 loads the shadow copy and replays at most shadow_every steps: no process start) "
         "and a new spare is started in the background. Each spare reserves num_cpus / num_gpus like a "
         "rank and shows in membership as `trainer-spare`. 0: a new process is started at the recovery.",
     )

@@ -397,7 +397,7 @@ class TrainerGroup:
         from .checkpointing import choose_restore
 
         A, c = self.actors, self.ctx
-        self.kill(keep_spares=c.strategy() == "ddp" and c.spec.trainer.hot_recovery)
+        self.kill(keep_spares=c.strategy() == self.strategy and c.spec.trainer.hot_recovery)  # spares of the strategy
         # on the stable node (the Ray head): the published weights die with their owner
         store = A.create("weights", c.actor_name("weights", 0), (),
                          Placement(on_this_node=True, get_if_exists=True))  # fmt: skip
@@ -621,43 +621,27 @@ class TrainerGroup:
         """Hot recovery from lost ranks while train step ``k`` ran (``refs``, one per rank): the
         survivors keep their processes and state, re-form the process group with a new rank in
         each lost one's place, and send it their state (broadcast); the caller then trains step
-        ``k`` again from its journaled batch. True if done; False when only the cold path can
-        serve (nothing was changed that :meth:`restart` does not redo): no survivor (world 1),
-        not ddp (fsdp shards live on the old mesh), a survivor that does not answer, or one
-        whose state is not the committed step's (it may have applied step ``k``), or a newcomer
-        whose state fingerprint differs from the survivors'. ``step_s``: the slowest train step
+        ``k`` again from its journaled batch. Under fsdp no rank holds a lost rank's shards, so
+        every rank loads the shadow copy instead (:meth:`_recover_from_shadow`); at world 1 a
+        spare takes over (:meth:`_recover_alone`). True if done; False when only the cold path
+        can serve (nothing was changed that :meth:`restart` does not redo): a survivor that does
+        not answer, or (ddp) one whose state is not the committed step's (it may have applied
+        step ``k``), or a newcomer whose state fingerprint differs from the survivors'. ``step_s``: the slowest train step
         seen (a survivor's call ends when its step reaches the collective that fails).
         ``preempted``: the lost ranks were stopped on notice at a step boundary (the runner's
         ``_hand_over``): a ``preempted`` event instead of a fault's, no restart spent."""
         A, c = self.actors, self.ctx
-        if self.strategy != "ddp":
+        if self.strategy not in ("ddp", "fsdp"):
             return False
         if self.world == 1:
             return self._recover_alone(k, refs[0], why, preempted=preempted)
-        wait_s = self.faults.survivor_wait_s(step_s)
         t_wait = time.monotonic()
-        A.wait(refs, num_returns=len(refs), timeout=wait_s)
-        lost, survivors = [], []
-        for i, ref in enumerate(refs):
-            done, _ = A.wait([ref], timeout=0)
-            if not done:
-                log.warning("job %s: trainer rank %d still in step %d after %.0fs: cold path", c.job, i, k, wait_s)
-                return False
-            try:
-                A.get(ref, timeout=0)
-                survivors.append(i)  # (its step finished: the state check below refuses it)
-            except Exception as e:
-                c.raise_if_stale(e)
-                (lost if actor_died(e) else survivors).append(i)
-        if not lost or not survivors:
+        found = self._survivors(k, refs, step_s)
+        if found is None:
             return False
-        try:
-            status = A.get([A.call(self.ranks[i], "adopt", c.token, c.spec.digest()) for i in survivors],
-                           timeout=c.spec.fault.lease_ttl + 5.0)  # fmt: skip
-        except Exception as e:
-            c.raise_if_stale(e)
-            log.warning("job %s: a surviving trainer rank does not answer (%s): cold path", c.job, describe_error(e))
-            return False
+        lost, survivors, status = found
+        if self.strategy == "fsdp":
+            return self._recover_from_shadow(k, lost, survivors, status, why, t_wait, preempted=preempted)
         if any(x["step"] != k or x["busy"] for x in status):
             log.warning("job %s: surviving trainer ranks at steps %s, committed %d: cold path",
                         c.job, [x["step"] for x in status], k)  # fmt: skip
@@ -678,14 +662,7 @@ class TrainerGroup:
                 f"{survivors} keep their state", world=self.world, group="trainer",
                 cause="preempted" if preempted else "lost", resize=False, step=k, recovery="hot", lost=lost,
                 survivors=survivors, survivor_pids=[x["pid"] for x in status], worker=lost[0])  # fmt: skip
-        placement = self._placement()
-        for i in lost:
-            self.actors.kill(self.ranks[i])
-        promoted = {i: a for i in lost if (a := self._take_spare()) is not None}
-        fresh = {i: create_fresh(A, "trainer", c.actor_name("trainer", i),
-                                 (c.job, i, self.world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd,
-                                  self.strategy), placement)
-                 for i in lost if i not in promoted}  # fmt: skip
+        promoted, fresh = self._newcomers(lost)
         phases["spares"] = round(time.monotonic() - t0, 3)
         src = survivors[0]
         master = A.get(A.call(self.ranks[src], "address", True), timeout=30)
@@ -698,14 +675,7 @@ class TrainerGroup:
         phases["reform"] = round(time.monotonic() - t_reform, 3)
         for key in ("join", "regroup", "state"):  # the slowest rank's part of each
             phases[f"reform_{key}"] = max(float((x.get("phases") or {}).get(key, 0.0)) for x in reformed)
-        for i, a in {**{i: a for i, (_, a) in promoted.items()}, **fresh}.items():
-            self.ranks[i] = a
-        A.get([A.call(fresh[i], "adopt", c.token, c.spec.digest()) for i in fresh], timeout=limit)  # fence them
-        names = dict(c.read_state().get("trainer_actors") or {})
-        for i in lost:
-            names.pop(str(i), None)
-        names.update({str(i): name for i, (name, _) in promoted.items()})
-        c.update_state(expect=live, trainer_actors=names or None)
+        self._seat(lost, promoted, fresh, limit)
         # every rank's state fingerprint, hashed while the state crossed (TrainCore.share_state)
         prints = [x for x in reformed if x.get("fingerprint")]
         if len(prints) != self.world:
@@ -719,6 +689,146 @@ class TrainerGroup:
                 f"replaced, epoch {epoch})", seconds=secs, world=self.world, group="trainer", resize=False,
                 recovery="hot", epoch=epoch, fingerprint=prints[0]["fingerprint"][:16],
                 spares_used=len(promoted), phases=phases, preempted=preempted)  # fmt: skip
+        self.fill_spares()
+        return True
+
+    def _newcomers(self, lost: list[int]) -> tuple[dict[int, tuple[str, Any]], dict[int, Any]]:
+        """Kill the lost ranks' actors; a warm spare for each if one answers (``promoted``: index
+        -> (name, actor)), else a new process (``fresh``: index -> actor)."""
+        A, c = self.actors, self.ctx
+        placement = self._placement()
+        for i in lost:
+            A.kill(self.ranks[i])
+        promoted = {i: a for i in lost if (a := self._take_spare()) is not None}
+        fresh = {i: create_fresh(A, "trainer", c.actor_name("trainer", i),
+                                 (c.job, i, self.world, c.spec.to_json(), self.model_dir, str(c.workdir), c.etcd,
+                                  self.strategy), placement)
+                 for i in lost if i not in promoted}  # fmt: skip
+        return promoted, fresh
+
+    def _seat(self, lost: list[int], promoted: dict[int, tuple[str, Any]], fresh: dict[int, Any], limit: float) -> None:
+        """The newcomers, in the group: in the lost ranks' places, the new processes fenced, and the
+        promoted spares' names in the job's state (a new leader adopts ranks by them)."""
+        A, c = self.actors, self.ctx
+        for i, a in {**{i: a for i, (_, a) in promoted.items()}, **fresh}.items():
+            self.ranks[i] = a
+        A.get([A.call(fresh[i], "adopt", c.token, c.spec.digest()) for i in fresh], timeout=limit)  # fence them
+        names = dict(c.read_state().get("trainer_actors") or {})
+        for i in lost:
+            names.pop(str(i), None)
+        names.update({str(i): name for i, (name, _) in promoted.items()})
+        c.update_state(expect=live, trainer_actors=names or None)
+
+    def _survivors(
+        self, k: int, refs: list[Any], step_s: float
+    ) -> tuple[list[int], list[int], list[dict[str, Any]]] | None:
+        """Which ranks of train step ``k`` were lost and which survived, and the survivors'
+        answers to ``adopt`` (their step, sketch, pid); None when the hot path cannot apply: a rank
+        still in the step after the wait (``step_s``: the slowest train step seen; a survivor's
+        call ends when its step reaches the collective that fails), none lost, none left, or a
+        survivor that does not answer."""
+        A, c = self.actors, self.ctx
+        wait_s = self.faults.survivor_wait_s(step_s)
+        A.wait(refs, num_returns=len(refs), timeout=wait_s)
+        lost, survivors = [], []
+        for i, ref in enumerate(refs):
+            done, _ = A.wait([ref], timeout=0)
+            if not done:
+                log.warning("job %s: trainer rank %d still in step %d after %.0fs: cold path", c.job, i, k, wait_s)
+                return None
+            try:
+                A.get(ref, timeout=0)
+                survivors.append(i)  # (its step finished: the ddp state check refuses it)
+            except Exception as e:
+                c.raise_if_stale(e)
+                (lost if actor_died(e) else survivors).append(i)
+        if not lost or not survivors:
+            return None
+        try:
+            status = A.get([A.call(self.ranks[i], "adopt", c.token, c.spec.digest()) for i in survivors],
+                           timeout=c.spec.fault.lease_ttl + 5.0)  # fmt: skip
+        except Exception as e:
+            c.raise_if_stale(e)
+            log.warning("job %s: a surviving trainer rank does not answer (%s): cold path", c.job, describe_error(e))
+            return None
+        return lost, survivors, status
+
+    def _recover_from_shadow(
+        self, k: int, lost: list[int], survivors: list[int], status: list[dict[str, Any]], why: str, t_wait: float,
+        *, preempted: bool = False,
+    ) -> bool:  # fmt: skip
+        """Hot recovery of an fsdp group (world >= 2): the lost ranks' shards exist nowhere but
+        in the shadow copy, so every rank goes back to it. The survivors keep their processes
+        (torch, the model files read, no Ray start) and re-form the process group with a warm
+        spare (or a new process) in each lost rank's place; each rank rebuilds its sharded model
+        on the new mesh and loads its own part of the newest complete shadow copy of step
+        ``s <= k`` from the weight store; the group replays steps ``s..k-1`` from the journal
+        (at most ``trainer.shadow_every``) and must then show the sketches the commit of step
+        ``k - 1`` recorded, rank by rank. False (nothing changed) when no usable shadow copy is
+        held or no weight store answers: the cold path restores the snapshot."""
+        from .checkpointing import choose_restore
+
+        A, c = self.actors, self.ctx
+        if any(x["busy"] for x in status):
+            return False
+        store = A.find(c.actor_name("weights", 0))
+        if store is None:
+            return False
+        _, s = choose_restore(c, k)
+        shadow = self._usable_shadow(store, k, s, self.world, "fsdp")
+        if shadow is None:
+            log.warning("job %s: no usable shadow copy of the fsdp shards at or before step %d: cold path", c.job, k)
+            return False
+        s = int(shadow["step"])
+        t0 = time.monotonic()
+        phases = {"survivors": round(t0 - t_wait, 3)}
+        if not preempted:
+            self.faults.restart("trainer", backoff=False)
+        c.event(Kind.PREEMPTED if preempted else Kind.TRAINER_RESTART,
+                f"{why}: hot {'hand-over' if preempted else 'recovery'} of rank(s) {lost} at step {k}; the survivors "
+                f"{survivors} keep their processes and, with the newcomers, load the shadow copy of step {s}",
+                world=self.world, group="trainer", cause="preempted" if preempted else "lost", resize=False, step=k,
+                recovery="hot", lost=lost, survivors=survivors, survivor_pids=[x["pid"] for x in status],
+                worker=lost[0])  # fmt: skip
+        promoted, fresh = self._newcomers(lost)
+        phases["spares"] = round(time.monotonic() - t0, 3)
+        master = A.get(A.call(self.ranks[survivors[0]], "address", True), timeout=30)
+        calls = [A.call(self.ranks[i], "reform", master, c.token, None, {"step": s, "rank": i}) for i in survivors]
+        calls += [A.call(a, "promote", master, i, self.world, c.token, None, None, {"step": s, "rank": i})
+                  for i, (_, a) in promoted.items()]  # fmt: skip
+        calls += [A.call(a, "setup", master, None, {"step": s, "rank": i}, None, True) for i, a in fresh.items()]
+        limit = max(300.0, c.spec.fault.hang_timeout)
+        t_reform = time.monotonic()
+        reformed = self._get(calls, timeout=limit)
+        phases["reform"] = round(time.monotonic() - t_reform, 3)
+        for key in ("join", "regroup", "state"):  # the slowest rank's part of each (regroup: the sharded model built)
+            phases[f"reform_{key}"] = max(float((x.get("phases") or {}).get(key, 0.0)) for x in reformed)
+        self._seat(lost, promoted, fresh, limit)
+        c.event(Kind.SHADOW_RESTORED, f"trainer state of step {s} restored from the in-memory shadow copy into the "
+                f"re-formed group", step=s, world=self.world, strategy=self.strategy)  # fmt: skip
+        c.record_lineage(k, {"from_step": s, "snapshot": f"shadow@{s}", "world": self.world,
+                             "strategy": self.strategy, "threads": reformed[0]["threads"]})  # fmt: skip
+        if s < k:
+            c.event(Kind.REPLAY, f"replaying steps {s}..{k - 1} from the journal", first=s, last=k - 1)
+        t_replay = time.monotonic()
+        outs: list[dict[str, Any]] = []
+        for j in range(s, k):
+            c.check_leader()
+            outs = self._get([A.call(r, "train_step", j, False, c.token) for r in self.ranks], timeout=limit)
+        phases["replay"] = round(time.monotonic() - t_replay, 3)
+        committed = c.read_state().get("state_sketch") or []
+        now = [x["sketch"] for x in outs] if outs else [x["sketch"] for x in A.get(
+            [A.call(r, "adopt", c.token, c.spec.digest()) for r in self.ranks], timeout=limit)]  # fmt: skip
+        if committed and now != committed[: len(now)]:
+            raise RuntimeError(f"the group's state after the replay to step {k} is not the committed one "
+                               f"(sketches {now} != {committed})")  # fmt: skip
+        epoch = self._next_epoch()
+        secs = round(time.monotonic() - t0, 2)
+        c.event(Kind.TRAINER_RECOVERED, f"trainer group whole again at step {k} in {secs}s (hot: rank(s) {lost} "
+                f"replaced, every rank from the shadow copy of step {s}, epoch {epoch})", seconds=secs,
+                world=self.world, group="trainer", resize=False, recovery="hot", epoch=epoch,
+                spares_used=len(promoted), source="shadow", replayed=k - s, phases=phases,
+                preempted=preempted)  # fmt: skip
         self.fill_spares()
         return True
 
@@ -802,7 +912,7 @@ class TrainerGroup:
 
     def kill(self, keep_spares: bool = False) -> None:
         """Kill every rank and spare this job may have, by name (old runs included). With
-        ``keep_spares`` (a restart of this leader's ddp group) the idle spares this group
+        ``keep_spares`` (a restart of this leader's group, same strategy) the idle spares this group
         warmed or is warming live on: a cold restart does not cost the next fault its spare."""
         A = self.actors
         keep = self.spares.names() if keep_spares else set()
@@ -818,9 +928,9 @@ class TrainerGroup:
     # -- warm spares -----------------------------------------------------------------
 
     def spares_wanted(self) -> int:
-        """``trainer.spares`` where a hot recovery can use them (ddp), else 0."""
+        """``trainer.spares`` where a hot recovery can use them, else 0."""
         t = self.ctx.spec.trainer
-        return t.spares if t.hot_recovery and self.strategy == "ddp" and self.world >= 1 else 0
+        return t.spares if t.hot_recovery and self.strategy in ("ddp", "fsdp") and self.world >= 1 else 0
 
     def fill_spares(self) -> None:
         """Keep :meth:`spares_wanted` spares warm or warming, in the background (see

@@ -301,6 +301,20 @@ def _merged_lora_state(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
             yield name.removeprefix(prefix), t
 
 
+def warm_sharded(model_dir: str) -> None:
+    """What building a sharded model first imports and reads (a warm fsdp spare, which cannot
+    build its model before it joins a mesh): the FSDP2 and DTensor modules, transformers' model
+    classes, the model's config, so that a promotion does not pay for them."""
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: F401
+    from torch.distributed.fsdp import fully_shard  # noqa: F401
+    from torch.distributed.tensor import DTensor  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with _parameters_on_meta():  # the model class's module imported, nothing allocated
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    _checkpoint_tensors(model_dir)
+
+
 def _ddp(model: torch.nn.Module) -> torch.nn.Module:
     """DDP over the default group, without its start-up broadcast from rank 0: every rank
     already holds the same state (loaded from one source), and after a hot recovery rank 0 may

@@ -17,6 +17,7 @@ driver calls them on every rank (rank 0's answer carries the result).
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 import os
@@ -43,7 +44,7 @@ from ..spec import JobSpec
 from .fencing import check_fence, exit_superseded
 from .logcapture import capture
 from .preemption import Preemption
-from .train_core import StepRejected, TrainCore, batch_tensors, behaviour_logprobs, weights_digest
+from .train_core import StepRejected, TrainCore, batch_tensors, behaviour_logprobs, warm_sharded, weights_digest
 from .transport import ObjectStoreTransport, pack, unpack
 
 __all__ = ["StepRejected", "TrainerRank", "batch_tensors", "behaviour_logprobs", "trainer_actor", "weights_digest"]
@@ -161,13 +162,17 @@ class TrainerRank:
 
     def warm(self) -> dict[str, Any]:
         """A spare: build the model and optimizer now, alone (world 1, no process group), so that
-        a promotion only joins a group and receives the state. Asked again (a new leader takes
-        over the spares a previous one left) a warm spare answers at once; a rank refuses."""
+        a promotion only joins a group and receives the state. Under fsdp the sharded model is
+        built on the group it joins (its mesh): a spare has torch imported and answers, no more.
+        Asked again (a new leader takes over the spares a previous one left) a warm spare answers
+        at once; a rank refuses."""
         if self.spare is None:
             raise RuntimeError(f"rank {self.rank} is not a spare")
         t0 = time.monotonic()
-        if self.core is None:
+        if self.core is None and self.strategy == "ddp":
             self.core = TrainCore(self.spec, self.model_dir, 0, 1, "ddp", self._device())
+        elif self.core is None:
+            warm_sharded(self.model_dir)
         self.member.update(status="spare")
         return {"spare": self.spare, "pid": os.getpid(), "seconds": round(time.monotonic() - t0, 3)}
 
@@ -183,8 +188,9 @@ class TrainerRank:
     ) -> dict[str, Any]:
         """Hot recovery with a warm spare: become rank ``rank`` of ``world`` (its membership key
         too), join the new group at ``master`` with the survivors (which call :meth:`reform`) and
-        receive rank ``src``'s state (collective). With no survivor (``src`` None: world 1) the
-        state comes from the shadow copy or the snapshot, as in :meth:`setup`."""
+        receive rank ``src``'s state (collective). With no survivor (``src`` None: world 1, or
+        fsdp, where every rank loads its part of the shadow copy) the state comes from the shadow
+        copy or the snapshot, as in :meth:`setup`."""
         check_fence(self.fence, token, "promote")
         if self.spare is None:
             raise RuntimeError(f"rank {self.rank} is not a spare")
@@ -194,9 +200,9 @@ class TrainerRank:
             self.log.rename(f"trainer-{rank}")
         old, self.member = self.member, self._register("trainer", str(rank))
         old.close()
-        device = self._join_group(master, joining=src is not None)
+        device = self._join_group(master, joining=src is not None or world > 1)  # a survivor hosts it
         t1 = time.monotonic()
-        if self.core is None:  # not warmed yet: build it now (collective under ddp at world > 1)
+        if self.core is None:  # not warmed yet (or fsdp): build it now (collective at world > 1)
             self.core = TrainCore(self.spec, self.model_dir, rank, world, self.strategy, device)
         else:
             self.core.regroup(rank, world)
@@ -293,14 +299,16 @@ class TrainerRank:
         restore: str | None = None,
         shadow: dict[str, int] | None = None,
         peer: int | None = None,
+        joining: bool = False,
     ) -> dict[str, Any]:
         """Join the process group, load the initial model, shard it (fsdp) or wrap it (DDP),
         build the optimizer and, with ``restore``, load a committed (verified) snapshot, which
         may come from another world size or strategy, or with ``shadow`` (``{"step", "rank"}``)
         the in-memory shadow copy that rank left in the weight store, or with ``peer`` the state
         of that rank of the group (a newcomer at a hot recovery: the survivors call
-        :meth:`reform`). Every rank calls one of them (collective)."""
-        device = self._join_group(master, joining=peer is not None)
+        :meth:`reform`). Every rank calls one of them (collective). ``joining``: the rendezvous
+        store at ``master`` is another rank's (a hot recovery's), even for rank 0."""
+        device = self._join_group(master, joining=peer is not None or joining)
         self.core = TrainCore(self.spec, self.model_dir, self.rank, self.world, self.strategy, device)
         received = self._load_state(restore, shadow, peer)
         self.member.update(status="ready", step=self.step, strategy=self.strategy)
@@ -311,18 +319,26 @@ class TrainerRank:
         return {
             "rank": self.rank,
             "step": self.step,
-            "digest": self.core.digest(),  # a collective under fsdp: every rank is in setup
+            # a collective under fsdp: every rank is in setup, except at a hot recovery (``joining``),
+            # where the survivors are in reform and the spares in promote
+            "digest": None if joining else self.core.digest(),
             "threads": torch.get_num_threads(),  # part of the arithmetic: the lineage records it
             "strategy": self.strategy,
             "fingerprint": received,  # with ``peer``: the state's fingerprint, hashed as it came
         }
 
-    def reform(self, master: tuple[str, int], token: int, src: int) -> dict[str, Any]:
+    def reform(
+        self, master: tuple[str, int], token: int, src: int | None, shadow: dict[str, int] | None = None
+    ) -> dict[str, Any]:
         """Hot recovery, on a survivor: a peer was lost. Leave the broken process group, join the
         new one at ``master`` with the newcomer(s) (which call ``setup(peer=src)``), keep the model,
         optimizer and step, and send rank ``src``'s state to the newcomers (collective). A step
         interrupted by the loss was not applied (its all-reduce failed before the optimizer
-        step): the rank is at the committed step, which the leader checked before asking."""
+        step): the rank is at the committed step, which the leader checked before asking.
+
+        Under fsdp (``shadow``: ``{"step", "rank"}``, ``src`` None) no rank holds the lost one's
+        shards: the process stays, its state does not; the sharded model is built again on the
+        new mesh and loads this rank's part of the shadow copy, as the newcomers do."""
         check_fence(self.fence, token, "reform")
         assert self.core is not None
         if self._training is not None:
@@ -338,18 +354,25 @@ class TrainerRank:
         t0 = time.monotonic()
         if dist.is_initialized():
             dist.destroy_process_group()
-        self._join_group(master, joining=True)
+        if shadow is not None:
+            self.core = None  # its shards live on the old mesh; the memory is needed for the new one
+            gc.collect()
+        device = self._join_group(master, joining=True)
         t1 = time.monotonic()
-        self.core.regroup(self.rank, self.world)
-        self.core.opt.zero_grad(set_to_none=True)  # the lost step's partial gradients
+        if shadow is not None:
+            self.core = TrainCore(self.spec, self.model_dir, self.rank, self.world, self.strategy, device)
+        else:
+            self.core.regroup(self.rank, self.world)
+            self.core.opt.zero_grad(set_to_none=True)  # the lost step's partial gradients
         t2 = time.monotonic()
-        fingerprint = self.core.share_state(src)
+        fingerprint = self._load_state(None, shadow, None) if shadow is not None else self.core.share_state(int(src))
         self.member.update(status="ready", step=self.step)
         t3 = time.monotonic()
         return {
             "rank": self.rank,
             "step": self.step,
             "pid": os.getpid(),
+            "threads": torch.get_num_threads(),
             "seconds": t3 - t0,
             "phases": _phases(join=t1 - t0, regroup=t2 - t1, state=t3 - t2),
             "fingerprint": fingerprint,

@@ -18,6 +18,7 @@ from checkpoints.journal import Journal
 from controller import events, jobs
 from tests.conftest import run_rrl
 from tests.e2e.conftest import LivePlatform
+from tests.e2e.test_faults import _wait_spare
 from tests.e2e.test_rl_job import _spec, _wait_event, _wait_step
 
 
@@ -129,22 +130,33 @@ def test_ddp_job_switches_to_fsdp_mid_run_within_the_stated_tolerance(platform: 
 
 
 @pytest.mark.timeout(600)
-def test_a_lost_fsdp_rank_restarts_from_the_shadow_copy_and_replays_at_most_one_step(
+def test_a_lost_fsdp_rank_is_replaced_hot_from_the_shadow_copy_and_replays_at_most_one_step(
     platform: LivePlatform, tmp_path: Path
 ) -> None:
-    """FSDP world 2, snapshots far apart (every 50 steps), a shadow copy every step: SIGKILL a
-    rank; the group restarts from the in-memory copy its ranks left in the weight store, not
-    from the initial weights, replays at most one step, and `rrl verify` matches."""
+    """FSDP world 2, snapshots far apart (every 50 steps), a shadow copy every step: SIGKILL rank
+    0; the hot path keeps rank 1's process, promotes the warm spare to rank 0 (it joins the
+    group rank 1 hosts), and both load their parts of the in-memory copy the ranks left in the
+    weight store, not the initial weights; at most one step is replayed and `rrl verify`
+    matches."""
     work = tmp_path / "shadow"
-    steps = 10
+    steps = 30  # the spare warms up beside the ranks
     job = platform.submit(_spec("e2e-shadow", work, steps=steps,
-                                trainer={"replicas": 2, "strategy": "fsdp", "shadow_every": 1},
+                                trainer={"replicas": 2, "strategy": "fsdp", "shadow_every": 1, "spares": 1},
                                 checkpoint={"dir": str(work), "every": 50}))  # fmt: skip
     _wait_step(platform, job, 4)
-    os.kill(jobs.get(platform.store, job).members["trainer"]["1"]["pid"], signal.SIGKILL)
+    _wait_spare(platform, job)
+    members = jobs.get(platform.store, job).members["trainer"]
+    survivor = members["1"]["pid"]
+    os.kill(members["0"]["pid"], signal.SIGKILL)
     rec = platform.wait(job)
     assert rec.phase == "SUCCEEDED", rec.state.get("reason")
     evs = events.read(platform.store, job, limit=1000)
+    restarts = [e for e in evs if e["kind"] == "trainer_restart"]
+    assert [(e.get("recovery"), e.get("survivors"), e.get("survivor_pids")) for e in restarts] == [("hot", [1], [survivor])], (
+        restarts
+    )
+    (back,) = [e for e in evs if e["kind"] == "trainer_recovered"]
+    assert back["recovery"] == "hot" and back["source"] == "shadow" and back["spares_used"] == 1, back
     restored = [e for e in evs if e["kind"] == "shadow_restored"]
     assert restored and restored[0]["step"] >= 3, [e["kind"] for e in evs]
     assert not rec.checkpoints or min(c["step"] for c in rec.checkpoints) >= 50  # no disk snapshot to lean on

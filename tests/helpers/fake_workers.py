@@ -26,6 +26,7 @@ from checkpoints.journal import Journal
 from checkpoints.snapshots import snapshot_dir, write_manifest
 from resilient_rl.algo.dynamic import select_groups, varied
 from resilient_rl.job.actors import Placement
+from resilient_rl.naming import actor_name
 from resilient_rl.spec import JobSpec
 from resilient_rl.workers.colocated import ColocatedWorker
 from resilient_rl.workers.fencing import check_fence
@@ -93,6 +94,7 @@ class Script:
     rollout_promoted: list[tuple[int, int, int]] = field(default_factory=list)  # (index, serial, version)
     promoted: list[int] = field(default_factory=list)  # serials of the spares promoted to ranks
     transfers: dict[Any, tuple[int, list[int]]] = field(default_factory=dict)  # reform master -> sent state
+    reformed: list[tuple[int, str]] = field(default_factory=list)  # (serial, "kept" | "shadow") per survivor's reform
     barriers: dict[int, threading.Barrier] = field(default_factory=dict)
     broken: bool = False  # a rank died: the process group is broken until the survivors re-form it
     generated: list[tuple[int, int, int]] = field(default_factory=list)  # (step, shard, worker) journaled
@@ -330,7 +332,7 @@ class FakeTrainer:
         strategy: str | None = None,
         spare: int | None = None,
     ) -> None:
-        self.rank, self.world, self.spare = rank, world, spare
+        self.job, self.rank, self.world, self.spare = job, rank, world, spare
         if spare is None and self._script.on_rank is not None:
             self._script.on_rank(rank)
         self.spec = JobSpec.model_validate_json(spec_json)
@@ -349,16 +351,42 @@ class FakeTrainer:
     def address(self, fresh: bool = False) -> tuple[str, int]:
         return "127.0.0.1", next(_serial) if fresh else 0
 
-    def reform(self, master: tuple[str, int], token: int, src: int) -> dict[str, Any]:
+    def reform(self, master: tuple[str, int], token: int, src: int | None, shadow: Any = None) -> dict[str, Any]:
         check_fence(self.fence, token, "reform")
         if self.training is not None:
             raise RuntimeError(f"rank {self.rank} is still in train step {self.training}")
         with self._script.lock:
             self._script.broken = False  # the new group
+            self._script.reformed.append((self.serial, "shadow" if shadow is not None else "kept"))
             if self.rank == src:
                 self._script.transfers[tuple(master)] = (self.step, list(self.applied))
-        return {"rank": self.rank, "step": self.step, "pid": self.serial, "seconds": 0.0,
-                "fingerprint": self.fingerprint()["fingerprint"]}  # fmt: skip
+        if shadow is not None:  # fsdp: the process stays, the state comes from the shadow copy
+            self._from_shadow(shadow)
+        return {"rank": self.rank, "step": self.step, "pid": self.serial, "seconds": 0.0, "threads": 1,
+                "fingerprint": self.fingerprint()["fingerprint"] if src is not None else None}  # fmt: skip
+
+    def _store(self) -> Any:
+        layer = self._script.layer
+        return layer.find(actor_name(self.job, "weights", 0)) if layer is not None else None
+
+    def _send_shadow(self) -> None:
+        """Under fsdp, as ``TrainerRank._shadow``: every ``shadow_every`` steps this rank's part
+        (its applied steps) goes to the weight store. (The ddp fakes keep none, as before.)"""
+        every = self.spec.trainer.shadow_every
+        store = self._store()
+        if self.strategy != "fsdp" or not every or self.step % every or store is None:
+            return
+        meta = {"rank": self.rank, "step": self.step, "world": self.world, "strategy": self.strategy,
+                "spec_digest": self.spec.digest(), "sources": self.world}  # fmt: skip
+        layer = self._script.layer
+        layer.get(layer.call(store, "put_shadow", meta, json.dumps(self.applied), "tree", None), timeout=10)
+
+    def _from_shadow(self, shadow: dict[str, int]) -> None:
+        layer = self._script.layer
+        applied, _, _ = layer.get(layer.call(self._store(), "shadow_part", int(shadow["rank"]), int(shadow["step"])))
+        self.applied = json.loads(applied)
+        self.step = int(shadow["step"])
+        assert len(self.applied) == self.step, (self.applied, shadow)
 
     def warm(self) -> dict[str, Any]:
         if self.spare is None:
@@ -389,7 +417,9 @@ class FakeTrainer:
             self._script.on_rank(rank)
         if src is not None:
             self._receive(master)
-        elif restore:  # world 1: from the snapshot (the fakes keep no shadow copy)
+        elif shadow is not None:  # fsdp (the ddp fakes keep no shadow copy)
+            self._from_shadow(shadow)
+        elif restore:  # world 1: from the snapshot
             state = json.loads((Path(restore) / f"rank{rank}.json").read_text())
             self.step, self.applied = state["step"], state["applied"]
         with self._script.lock:
@@ -422,8 +452,9 @@ class FakeTrainer:
         return {"rank": self.rank, "step": self.step, "pid": self.serial, "fingerprint": fp + ("!" if bad else "")}
 
     def setup(
-        self, master: tuple[str, int], restore: str | None = None, shadow: Any = None, peer: int | None = None
-    ) -> dict[str, Any]:
+        self, master: tuple[str, int], restore: str | None = None, shadow: Any = None, peer: int | None = None,
+        joining: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
         if peer is not None:  # a newcomer of a hot recovery: the state the survivor sent
             self._receive(master)
             return {"rank": self.rank, "step": self.step, "digest": self.digest(), "threads": 1,
@@ -446,6 +477,8 @@ class FakeTrainer:
         if restore:
             state = json.loads((Path(restore) / f"rank{self.rank}.json").read_text())
             self.step, self.applied = state["step"], state["applied"]
+        elif shadow is not None:
+            self._from_shadow(shadow)
         return {"rank": self.rank, "step": self.step, "digest": self.digest(), "threads": 1, "strategy": self.strategy}
 
     @ray.method(concurrency_group="control")
@@ -512,6 +545,7 @@ class FakeTrainer:
                 out.update(groups_kept=counts["kept"], groups_dropped=counts["dropped"])
                 with s.lock:
                     s.kept[step] = [x["prompt_index"] for x in kept[::n]]
+            self._send_shadow()
             if self.rank == 0 and publish:
                 out["weights"] = ("weights", self.step)
             self.last = {k: v for k, v in out.items() if k != "weights"}

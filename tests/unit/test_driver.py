@@ -652,6 +652,74 @@ def test_hot_recovery_falls_back_to_the_cold_path_when_a_newcomer_state_differs(
     assert job.c.lineage[3]["from_step"] == 2 and _digest_of_final_weights(job) == "0,1,2,3,4"
 
 
+def test_a_lost_fsdp_rank_is_replaced_hot_and_every_rank_loads_the_shadow_copy(tmp_path: Path) -> None:
+    """fsdp, world 2: rank 1 dies in step 3. No rank holds its shards, so the survivor keeps its
+    process (no restart, the same actor) but not its state: with the promoted spare it re-forms
+    the group and both load their parts of the shadow copy of step 3 (a copy every step): nothing
+    replayed, step 3 trained once, exact."""
+    job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 1)}), steps=5, trainer={"strategy": "fsdp"})
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (restart,) = job.events("trainer_restart")
+    assert restart["recovery"] == "hot" and restart["lost"] == [1] and restart["survivors"] == [0]
+    (back,) = job.events("trainer_recovered")
+    assert back["recovery"] == "hot" and back["source"] == "shadow" and back["replayed"] == 0, back
+    assert back["spares_used"] == 1 and job.script.promoted == [_serials(job, 4)[1]]
+    assert _serials(job, 4)[0] == _serials(job, 0)[0]  # the survivor's process throughout
+    assert job.script.reformed == [(_serials(job, 0)[0], "shadow")]  # ... which took the shadow copy
+    assert [e["step"] for e in job.events("shadow_restored")] == [3] and job.c.lineage[3]["snapshot"] == "shadow@3"
+    assert job.created("trainer") == ["rrl:drv:trainer:0", "rrl:drv:trainer:1"]  # no new rank process
+    assert job.steps_trained() == Counter({(s, r): 1 for s in range(5) for r in range(2)})
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_a_lost_fsdp_rank_0_with_an_older_shadow_copy_is_replaced_hot_and_the_group_replays(tmp_path: Path) -> None:
+    """shadow_every 2: at the loss of rank 0 in step 3 the newest complete copy is step 2's; both
+    ranks load it and replay step 2 from the journal, then train step 3: exact."""
+    job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 0)}), steps=5,
+              trainer={"strategy": "fsdp", "shadow_every": 2}, checkpoint={"every": 50})  # fmt: skip
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (back,) = job.events("trainer_recovered")
+    assert back["recovery"] == "hot" and back["source"] == "shadow" and back["replayed"] == 1, back
+    assert [(e["first"], e["last"]) for e in job.events("replay")] == [(2, 2)]
+    assert _serials(job, 4)[1] == _serials(job, 0)[1] and _serials(job, 4)[0] != _serials(job, 0)[0]
+    trained = job.steps_trained()
+    assert trained[(2, 0)] == trained[(2, 1)] == 2 and trained[(3, 0)] == trained[(3, 1)] == 1, trained
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_at_world_one_under_fsdp_the_warm_spare_takes_over_from_the_shadow_copy(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(collective=True, kill_rank_at={(3, 0)}), steps=5,
+              trainer={"replicas": 1, "strategy": "fsdp"}, checkpoint={"every": 50})  # fmt: skip
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (back,) = job.events("trainer_recovered")
+    assert back["recovery"] == "hot" and back["source"] == "shadow" and back["replayed"] == 0, back
+    assert job.script.promoted == [_serials(job, 4)[0]] and job.created("trainer") == ["rrl:drv:trainer:0"]
+    assert job.steps_trained() == Counter({(s, 0): 1 for s in range(5)})
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_a_lost_fsdp_rank_without_a_shadow_copy_or_whose_replay_misses_the_commit_takes_the_cold_path(
+    tmp_path: Path,
+) -> None:
+    off = Job(tmp_path / "off", Script(collective=True, kill_rank_at={(3, 1)}), steps=5,
+              trainer={"strategy": "fsdp", "shadow_every": 0})  # fmt: skip
+    off.lead()
+    assert off.finish() == "SUCCEEDED"
+    assert [e["recovery"] for e in off.events("trainer_restart")] == ["cold"]
+    assert off.c.lineage[3]["from_step"] == 2 and not off.events("shadow_restored")  # the snapshot of step 2
+    bad = Job(tmp_path / "bad", Script(collective=True, kill_rank_at={(3, 1)}, bad_replay=1), steps=5,
+              trainer={"strategy": "fsdp"})  # fmt: skip
+    bad.lead()
+    assert bad.finish() == "SUCCEEDED"
+    hot, cold = bad.events("trainer_restart")
+    assert hot["recovery"] == "hot" and cold["recovery"] == "cold" and cold["cause"] == "hot_failed"
+    assert "not the committed one" in cold["message"], cold["message"]
+    assert _digest_of_final_weights(off) == _digest_of_final_weights(bad) == "0,1,2,3,4"
+
+
 def test_hot_recovery_off_or_world_one_takes_the_cold_path(tmp_path: Path) -> None:
     off = Job(tmp_path / "off", Script(collective=True, kill_rank_at={(3, 1)}), steps=5,
               trainer={"hot_recovery": False})  # fmt: skip
