@@ -673,7 +673,7 @@ class TrainerGroup:
         t_reform = time.monotonic()
         reformed = self._get(calls, timeout=limit)
         phases["reform"] = round(time.monotonic() - t_reform, 3)
-        for key in ("join", "regroup", "state"):  # the slowest rank's part of each
+        for key in ("join", "regroup", "state", "state_bcast", "state_hash_tail", "state_cpu"):  # the slowest rank's
             phases[f"reform_{key}"] = max(float((x.get("phases") or {}).get(key, 0.0)) for x in reformed)
         self._seat(lost, promoted, fresh, limit)
         # every rank's state fingerprint, hashed while the state crossed (TrainCore.share_state)

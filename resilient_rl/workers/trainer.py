@@ -171,6 +171,7 @@ class TrainerRank:
         t0 = time.monotonic()
         if self.core is None and self.strategy == "ddp":
             self.core = TrainCore(self.spec, self.model_dir, 0, 1, "ddp", self._device())
+            self.core.materialize()  # the optimizer's state: not built at a promotion (seconds at 100M)
         elif self.core is None:
             warm_sharded(self.model_dir)
         self.member.update(status="spare")
@@ -211,8 +212,15 @@ class TrainerRank:
         self.member.update(status="ready", step=self.step, strategy=self.strategy)
         t3 = time.monotonic()
         return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "seconds": t3 - t0,
-                "threads": torch.get_num_threads(), "phases": _phases(join=t1 - t0, regroup=t2 - t1, state=t3 - t2),
+                "threads": torch.get_num_threads(), "phases": _phases(join=t1 - t0, regroup=t2 - t1, state=t3 - t2,
+                                                                      **self._share_stats(src)),
                 "fingerprint": received}  # fmt: skip
+
+    def _share_stats(self, src: int | None) -> dict[str, float]:
+        """The state transfer's breakdown (``TrainCore.share_state``) when the state came from a peer."""
+        if src is None or self.core is None:
+            return {}
+        return {f"state_{k}": v for k, v in self.core.share_stats.items()}
 
     def _device(self) -> str:
         backend = self.spec.trainer.backend
@@ -374,7 +382,7 @@ class TrainerRank:
             "pid": os.getpid(),
             "threads": torch.get_num_threads(),
             "seconds": t3 - t0,
-            "phases": _phases(join=t1 - t0, regroup=t2 - t1, state=t3 - t2),
+            "phases": _phases(join=t1 - t0, regroup=t2 - t1, state=t3 - t2, **self._share_stats(src)),
             "fingerprint": fingerprint,
         }
 
