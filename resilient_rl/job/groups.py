@@ -360,6 +360,13 @@ class RolloutGroup:
                                worker=i)  # fmt: skip
 
 
+def _slowest_parts(reformed: list[dict[str, Any]]) -> dict[str, float]:
+    """Of each part of a hot recovery the ranks timed (their answers' ``phases``: join, regroup,
+    state and the state's own parts), the slowest rank's, as ``reform_<part>``."""
+    parts = dict.fromkeys(k for x in reformed for k in (x.get("phases") or {}))
+    return {f"reform_{k}": max(float((x.get("phases") or {}).get(k, 0.0)) for x in reformed) for k in parts}
+
+
 class TrainerGroup:
     """All ranks of the trainer, started, restored and replayed together."""
 
@@ -673,8 +680,7 @@ class TrainerGroup:
         t_reform = time.monotonic()
         reformed = self._get(calls, timeout=limit)
         phases["reform"] = round(time.monotonic() - t_reform, 3)
-        for key in ("join", "regroup", "state", "state_bcast", "state_hash_tail", "state_cpu"):  # the slowest rank's
-            phases[f"reform_{key}"] = max(float((x.get("phases") or {}).get(key, 0.0)) for x in reformed)
+        phases.update(_slowest_parts(reformed))
         self._seat(lost, promoted, fresh, limit)
         # every rank's state fingerprint, hashed while the state crossed (TrainCore.share_state)
         prints = [x for x in reformed if x.get("fingerprint")]
@@ -801,8 +807,7 @@ class TrainerGroup:
         t_reform = time.monotonic()
         reformed = self._get(calls, timeout=limit)
         phases["reform"] = round(time.monotonic() - t_reform, 3)
-        for key in ("join", "regroup", "state"):  # the slowest rank's part of each (regroup: the sharded model built)
-            phases[f"reform_{key}"] = max(float((x.get("phases") or {}).get(key, 0.0)) for x in reformed)
+        phases.update(_slowest_parts(reformed))  # (regroup: the sharded model built)
         self._seat(lost, promoted, fresh, limit)
         c.event(Kind.SHADOW_RESTORED, f"trainer state of step {s} restored from the in-memory shadow copy into the "
                 f"re-formed group", step=s, world=self.world, strategy=self.strategy)  # fmt: skip
