@@ -152,9 +152,8 @@ def test_a_lost_fsdp_rank_is_replaced_hot_from_the_shadow_copy_and_replays_at_mo
     assert rec.phase == "SUCCEEDED", rec.state.get("reason")
     evs = events.read(platform.store, job, limit=1000)
     restarts = [e for e in evs if e["kind"] == "trainer_restart"]
-    assert [(e.get("recovery"), e.get("survivors"), e.get("survivor_pids")) for e in restarts] == [("hot", [1], [survivor])], (
-        restarts
-    )
+    seen = [(e.get("recovery"), e.get("survivors"), e.get("survivor_pids")) for e in restarts]
+    assert seen == [("hot", [1], [survivor])], restarts
     (back,) = [e for e in evs if e["kind"] == "trainer_recovered"]
     assert back["recovery"] == "hot" and back["source"] == "shadow" and back["spares_used"] == 1, back
     restored = [e for e in evs if e["kind"] == "shadow_restored"]
