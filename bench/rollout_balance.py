@@ -1,7 +1,7 @@
 """Long-tail rollouts: step time with shard-level work vs prompt-group-level work stealing, and
 what a rollout kill costs in generation when finished groups are kept.
 
-.venv/bin/python -m bench balance [--steps 16] [--slow-s 1.0] [--fast-s 0.1] [--no-kill]
+.venv/bin/python -m bench balance [--steps 16] [--slow-s 1.0] [--fast-s 0.1] [--straggler 2.0] [--no-kill]
 
 One platform, the tiny HF-engine job on a jsonl task of 64 prompts, 16 prompts x 2 samples a
 step, 2 rollout workers, 1 trainer rank, on-policy. The task's reward (``long_tail`` below)
@@ -19,6 +19,13 @@ Figures: seconds per step (the mean gap between consecutive commits, from the me
 the first two steps left out: the long tail is in the mean, a step whose slow prompts fell in
 one shard; the median is shown too) and the ratio of the means to *shard*; and how many groups
 a helper journaled.
+
+Then (unless ``--straggler 1``) *shard* and *stealing* once more with rollout worker 1 a
+straggler: every reward it scores takes ``--straggler`` times as long (a slower node, a noisy
+neighbour: the barrier of verl #2445). The bench writes worker 1's pid to a file once it has
+joined; the reward function (``long_tail``) stretches its sleep when its parent (the worker
+that runs its scorer process) is that pid. The first two steps, before the file is written,
+are left out of the figures as always.
 
 Then (unless ``--no-kill``) the *stealing* job once more with one SIGKILL of a rollout worker
 once it has journaled 3 of the 8 groups of its shard: the generation time lost is the time from its
@@ -48,15 +55,27 @@ SLOW_EVERY = 8
 
 
 def long_tail(prompt: str, completion: str, answer: str) -> float:
-    """The benchmark's reward: sleeps the seconds the row's ``answer`` says (``slow:0.4:i``)."""
-    time.sleep(float(answer.split(":")[1]))
+    """The benchmark's reward: sleeps the seconds the row's ``answer`` says (``slow:0.4:i:FILE``),
+    times the factor FILE names for the pid of this scorer's worker (``PID FACTOR`` lines: the
+    straggler runs), if any."""
+    _, seconds, _, straggler = answer.split(":", 3)
+    delay = float(seconds)
+    try:
+        for line in Path(straggler).read_text().splitlines():
+            pid, factor = line.split()
+            if int(pid) == os.getppid():
+                delay *= float(factor)
+    except (OSError, ValueError):
+        pass  # no straggler in this run
+    time.sleep(delay)
     return float(len(completion) % 2)
 
 
-def _rows(path: Path, slow_s: float, fast_s: float) -> None:
+def _rows(path: Path, slow_s: float, fast_s: float, straggler: Path) -> None:
     with path.open("w") as f:
         for i in range(64):
-            answer = f"slow:{slow_s}:{i}" if i % SLOW_EVERY == 0 else f"fast:{fast_s}:{i}"
+            speed = f"slow:{slow_s}" if i % SLOW_EVERY == 0 else f"fast:{fast_s}"
+            answer = f"{speed}:{i}:{straggler}"
             f.write(json.dumps({"prompt": f"{i % 10}{(i // 10) % 10}:", "answer": answer}) + "\n")
 
 
@@ -120,11 +139,35 @@ def _kill_one(store: Any, job: str, home: Path, out: dict[str, Any], stop: threa
         time.sleep(0.01)
 
 
+def _mark_straggler(store: Any, job: str, file: Path, factor: float, stop: threading.Event) -> None:
+    """Keep ``file`` naming rollout worker 1's pid (and ``factor``) while the job runs."""
+    from controller import jobs
+
+    pid = None
+    while not stop.is_set():
+        try:
+            info = jobs.get(store, job).members.get("rollout", {}).get("1")
+        except jobs.JobNotFound:  # not submitted yet
+            info = None
+        if info and info.get("pid") and info["pid"] != pid:
+            pid = info["pid"]
+            tmp = file.with_suffix(".tmp")
+            tmp.write_text(f"{pid} {factor}\n")
+            tmp.replace(file)
+        time.sleep(0.1)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench balance", description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=16, help="steps per job (default 16)")
     ap.add_argument("--slow-s", type=float, default=1.0, help="reward seconds of a slow prompt's sample (default 1.0)")
     ap.add_argument("--fast-s", type=float, default=0.1, help="reward seconds of the others (default 0.1)")
+    ap.add_argument(
+        "--straggler",
+        type=float,
+        default=2.0,
+        help="reward time factor of rollout worker 1 in the straggler runs (default 2.0; 1 skips them)",
+    )
     ap.add_argument("--no-kill", action="store_true", help="skip the rollout-kill run")
     ap.add_argument("--only", choices=["shard", "small shards", "stealing"], help="run this work unit only")
     ap.add_argument(
@@ -141,16 +184,31 @@ def main(argv: list[str]) -> int:
         tmp = str(args.keep.resolve()) if args.keep else scratch
         Path(tmp).mkdir(parents=True, exist_ok=True)
         home = Path(tmp) / "home"
-        rows = Path(tmp) / "rows.jsonl"
-        _rows(rows, args.slow_s, args.fast_s)
+        rows, straggler = Path(tmp) / "rows.jsonl", Path(tmp) / "straggler"
+        _rows(rows, args.slow_s, args.fast_s, straggler)
+        plan = [(label, rollout, False) for label, rollout in runs.items()]
+        if args.straggler != 1:
+            plan += [(f"{label}, straggler", runs[label], True) for label in ("shard", "stealing") if label in runs]
         from controller.store import Store
 
         with local_platform(home, progress=lambda *_: None) as (data, client):
             from bench.common import run_job
 
-            for label, rollout in runs.items():
-                name = "balance-" + label.replace(" ", "-")
-                rec = run_job(client, _spec(name, rows, args.steps, **rollout))
+            store = Store(data["etcd"])
+            for label, rollout, slow in plan:
+                name = "balance-" + label.replace(" ", "-").replace(",", "")
+                stop = threading.Event()
+                mark = threading.Thread(target=_mark_straggler, args=(store, name, straggler, args.straggler, stop),
+                                        daemon=True)  # fmt: skip
+                if slow:
+                    mark.start()
+                try:
+                    rec = run_job(client, _spec(name, rows, args.steps, **rollout))
+                finally:
+                    stop.set()
+                    if slow:
+                        mark.join(5)
+                    straggler.unlink(missing_ok=True)
                 secs = _step_seconds(home, name)
                 if rec["phase"] != "SUCCEEDED" or not secs:
                     print(f"{label}: {rec['phase']} ({rec.get('state', {}).get('reason')})", file=sys.stderr)
@@ -165,7 +223,6 @@ def main(argv: list[str]) -> int:
                 name = "balance-kill"
                 kill: dict[str, Any] = {}
                 stop = threading.Event()
-                store = Store(data["etcd"])
                 t = threading.Thread(target=_kill_one, args=(store, name, home, kill, stop), daemon=True)
                 t.start()
                 rec = run_job(client, _spec(name, rows, args.steps, **runs["stealing"]))
@@ -175,9 +232,14 @@ def main(argv: list[str]) -> int:
                 resumed = [e for e in evs if e.get("kind") == "shard_resumed"]
                 kill.update(phase=rec["phase"], resumed=resumed[:1])
                 results["kill"] = kill
-    base = results.get("shard", next(iter(results.values())))["step_s"]
-    rows_out = [[label, r["phase"], f"{r['step_s']:.3f}", f"{r['median_s']:.3f}", f"{r['step_s'] / base:.2f}",
-                 f"{r['stolen_groups']}/{r['groups']}"] for label, r in results.items() if label != "kill"]  # fmt: skip
+
+    def base(label: str) -> float:  # the shard-level run of the same workers
+        ref = "shard, straggler" if label.endswith("straggler") else "shard"
+        return float(results.get(ref, results[label])["step_s"])
+
+    rows_out = [[label, r["phase"], f"{r['step_s']:.3f}", f"{r['median_s']:.3f}",
+                 f"{r['step_s'] / base(label):.2f}", f"{r['stolen_groups']}/{r['groups']}"]
+                for label, r in results.items() if label != "kill"]  # fmt: skip
     print(table(["work unit", "phase", "mean s/step", "median s/step", "mean vs shard", "groups by a helper"],
                 rows_out))  # fmt: skip
     k = results.get("kill")
@@ -191,6 +253,12 @@ def main(argv: list[str]) -> int:
         k["lost_s"], k["shard_level_lost_s"], k["in_flight_share_s"] = lost, whole, share
     save(
         "balance" if not args.only else f"balance-{args.only.replace(' ', '-')}",
-        {"steps": args.steps, "slow_s": args.slow_s, "fast_s": args.fast_s, "results": results},
+        {
+            "steps": args.steps,
+            "slow_s": args.slow_s,
+            "fast_s": args.fast_s,
+            "straggler": args.straggler,
+            "results": results,
+        },
     )
     return 0
