@@ -6,8 +6,10 @@
 * :class:`FaultPolicy` (one per job's runner) owns everything that follows from faults, for
   both groups: the restart budgets (``fault.max_restarts`` per ``fault.restart_window``),
   the replacement backoff, the *open* faults awaiting the next committed step (kept in the
-  job's state too, ``open_faults``, so a new leader still records their recovery), and the
-  recovery timing of each worker and of the job.
+  job's state too, ``open_faults``, so a new leader still records their recovery), the rollout
+  workers down until their replacement joins (``rollout_down``, for the same reason: a leader
+  that takes over while a replacement is still joining adopts it, and its join still ends the
+  fault and restores the group), and the recovery timing of each worker and of the job.
 """
 
 from __future__ import annotations
@@ -79,15 +81,36 @@ class FaultPolicy:
         self.worker_down: dict[int, float] = {}  # rollout index -> monotonic time of its fault
 
     def load(self, state: dict[str, Any]) -> None:
-        """The faults a previous leader detected that no commit has followed yet."""
+        """The faults a previous leader detected that no commit has followed yet, and the rollout
+        workers it saw go down that have not joined again (their times moved to this clock)."""
         self.open = [(str(kind), float(t)) for kind, t in state.get("open_faults") or []]
+        ago = time.time() - time.monotonic()
+        self.worker_down = {int(i): float(t) - ago for i, t in (state.get("rollout_down") or {}).items()}
+
+    def _down(self) -> dict[str, float] | None:
+        """``worker_down`` as the state keeps it: index -> wall time of the fault."""
+        ago = time.time() - time.monotonic()
+        return {str(i): round(t + ago, 3) for i, t in sorted(self.worker_down.items())} or None
 
     def detected(self, fault: Fault) -> None:
         """Remember a fault (in etcd too) until the next committed step."""
         self.open.append((fault.kind, fault.detected_at))
         if fault.worker is not None:
             self.worker_down.setdefault(fault.worker, time.monotonic())
-        self.ctx.update_state(expect=live, open_faults=[list(f) for f in self.open])
+        self.ctx.update_state(expect=live, open_faults=[list(f) for f in self.open], rollout_down=self._down())
+
+    def worker_lost(self, i: int) -> None:
+        """Rollout worker ``i`` is down (a fault that :meth:`detected` may not have seen: a
+        replacement that died joining, a worker gone at take-over) until it joins again."""
+        if i not in self.worker_down:
+            self.worker_down[i] = time.monotonic()
+            self.ctx.update_state(expect=live, rollout_down=self._down())
+
+    def forget_workers(self, keep: int) -> None:
+        """The group was resized to ``keep`` workers: those beyond it will not come back."""
+        if any(i >= keep for i in self.worker_down):
+            self.worker_down = {i: t for i, t in self.worker_down.items() if i < keep}
+            self.ctx.update_state(expect=live, rollout_down=self._down())
 
     def restart(self, group: str, *, backoff: bool = True) -> float:
         """One restart of ``group`` (raises JobFailed past the budget); returns how long to wait
@@ -106,7 +129,10 @@ class FaultPolicy:
     def worker_back(self, i: int) -> float | None:
         """Rollout worker ``i`` joined: seconds since its fault (None if it had none)."""
         t = self.worker_down.pop(i, None)
-        return None if t is None else round(time.monotonic() - t, 2)
+        if t is None:
+            return None
+        self.ctx.update_state(expect=live, rollout_down=self._down())
+        return round(time.monotonic() - t, 2)
 
     def committed(self, step: int) -> None:
         """Step ``step`` committed: every open fault is recovered from, as far as the job goes

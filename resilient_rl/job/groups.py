@@ -155,12 +155,13 @@ class RolloutGroup:
         if self.served_by != recorded:
             self.ctx.update_state(expect=live, rollout_actors={str(j): m for j, m in self.served_by.items()} or None)
         self.spares.adopt_running(set(self.served_by.values()))  # a previous leader's idle spares serve on
+        self.faults.forget_workers(n)
         if was_running:
-            for i in missing:
-                self.faults.worker_down[i] = time.monotonic()
+            for i in [j for j in missing if j not in self.faults.worker_down]:  # else its fault was seen and is open
+                self.faults.worker_lost(i)
                 self.ctx.event(Kind.ROLLOUT_FAULT, f"rollout worker {i} was gone at take-over: "
                                "starting a replacement", worker=i, group="rollout", cause="take_over")  # fmt: skip
-        limit = self.join_limit()
+        limit, back = self.join_limit(), []
         for ref, (i, sent) in list(self.joining.items()):
             while not A.wait([ref], timeout=1.0)[0] and time.monotonic() - sent < limit:
                 self.ctx.check_leader()  # a deposed runner must stop here, not go on starting workers
@@ -174,8 +175,10 @@ class RolloutGroup:
                 continue
             del self.joining[ref]
             self.idle.add(i)
-            if i in self.faults.worker_down:
-                self._joined(i, version)
+            if i in self.faults.worker_down:  # a replacement (perhaps a previous leader's, adopted)
+                back.append(i)
+        for i in back:  # once all have joined: the last one finds the group whole
+            self._joined(i, version, whole_check=i == back[-1])
         return adopted
 
     def join_limit(self) -> float:
@@ -201,8 +204,9 @@ class RolloutGroup:
         self._joined(i, version)
         return True
 
-    def _joined(self, i: int, version: int) -> None:
-        """Record that worker ``i`` joined (with its recovery time after a fault)."""
+    def _joined(self, i: int, version: int, whole_check: bool = True) -> None:
+        """Record that worker ``i`` joined (with its recovery time after a fault), and that the
+        group is whole again if it is (unless ``whole_check`` is off: more joins are being recorded)."""
         data: dict[str, Any] = {"worker": i, "version": version}
         t = self.faults.worker_back(i)
         if t is not None:
@@ -214,7 +218,7 @@ class RolloutGroup:
                        + (f" (the warm spare {spare})" if spare else "")
                        + (f", {data['recovery_s']}s after its fault" if t is not None else ""), **data)  # fmt: skip
         joining = {j for j, _ in self.joining.values()}
-        if t is not None and len(set(self.workers) - joining) >= self.ctx.want("rollout"):
+        if whole_check and t is not None and len(set(self.workers) - joining) >= self.ctx.want("rollout"):
             self.ctx.event(Kind.GROUP_RESTORED, f"rollout group back at {self.ctx.want('rollout')} workers "
                            f"{data['recovery_s']}s after the fault", group="rollout", seconds=data["recovery_s"])  # fmt: skip
 
@@ -249,7 +253,7 @@ class RolloutGroup:
             return
         if (taken := self._vacate(i)) is not None:  # not promoted yet: it goes back to the pool
             self.spares.ready.append(taken)
-        self.faults.worker_down.setdefault(i, time.monotonic())
+        self.faults.worker_lost(i)
         backoff = self.faults.restart("rollout", backoff=delay)  # spent either way: a crash loop still ends
         spare = self.spares.take() if i < self.ctx.want("rollout") else None
         if spare is not None:  # no process to start, no engine to load: no backoff either

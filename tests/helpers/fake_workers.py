@@ -53,6 +53,7 @@ class Script:
     # (step, shard): its helper dies holding its first claim (before it generates that group)
     kill_helper_at: set[tuple[int, int]] = field(default_factory=set)
     on_register: Any = None  # called (index) when a worker takes its membership key (starts, is promoted)
+    on_join: Any = None  # called (index, serial) as a rollout worker joins a leader's group (adopt)
     on_rank: Any = None  # called (rank) when a trainer rank takes its membership key (starts, is promoted)
     # (step, shard, position, serial, version) of every prompt group journaled (first writer only)
     group_writes: list[tuple[int, int, int, int, int]] = field(default_factory=list)
@@ -182,6 +183,8 @@ class FakeRollout:
         return self.version
 
     def adopt(self, token: int, spec_digest: str, version: int, weights: Any) -> int:
+        if self._script.on_join is not None:
+            self._script.on_join(self.index, self.serial)
         check_fence(self.fence, token, "adopt")
         self.fence = token
         if weights is not None:

@@ -11,6 +11,7 @@ The real-process versions of these paths are the e2e tests (tests/e2e/test_fault
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -895,6 +896,38 @@ def test_a_new_leader_finds_a_promoted_rollout_spare_under_its_recorded_name(tmp
     assert job.events("adopted")[0]["rollouts"] == 2
     # the old leader's idle spare serves the new one (its fence is raised when it is promoted)
     assert job.created("rollout-spare") == ["rrl:drv:rollout-spare:0", "rrl:drv:rollout-spare:1"]
+    assert max(job.steps_trained().values()) == 1 and _digest_of_final_weights(job) == ",".join(map(str, range(12)))
+
+
+def test_a_leader_taking_over_while_a_replacement_rollout_worker_joins_still_ends_its_fault(tmp_path: Path) -> None:
+    """A take-over while a lost rollout worker's replacement is still joining (a CI run of the
+    node-loss e2e test never saw its group_restored): the new leader adopts the replacement, and
+    its join still ends the fault (``rollout_down`` in the job's state) and restores the group."""
+    joining, go = threading.Event(), threading.Event()
+    job = Job(tmp_path, Script(kill_rollout_at={(2, 0)}, train_delay_s=0.1), steps=12, rollout={"spares": 0})
+
+    def hold_the_replacement(index: int, serial: int) -> None:
+        if job.events("rollout_fault") and not joining.is_set():
+            joining.set()
+            go.wait(10)
+
+    job.script.on_join = hold_the_replacement
+    first = job.lead()
+    job.wait(joining.is_set)
+    (fault,) = job.events("rollout_fault")
+    assert job.c.state["rollout_down"] == {str(fault["worker"]): pytest.approx(time.time(), abs=5)}
+    job.c.leads = False
+    first.stop(final=False)
+    go.set()
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    assert job.created("rollout").count(actor_name("drv", "rollout", fault["worker"])) == 2  # adopted, not restarted
+    assert len(job.events("rollout_fault")) == 1  # a fault seen by the first leader is not counted again
+    (joined,) = [e for e in job.events("rollout_joined") if e.get("recovery_s") is not None]
+    assert joined["worker"] == fault["worker"] and joined["recovery_s"] > 0
+    (restored,) = job.events("group_restored")
+    assert restored["seconds"] == joined["recovery_s"]
+    assert job.c.state["rollout_down"] is None  # nothing left down for a later leader
     assert max(job.steps_trained().values()) == 1 and _digest_of_final_weights(job) == ",".join(map(str, range(12)))
 
 
