@@ -13,14 +13,18 @@ the other in one run:
 - *shard*: 2 shards a step, each generated in one pass (what rrl did before streaming);
 - *small shards*: 16 shards a step of one prompt group each (the balance small units give);
 - *stealing*: 2 shards a step, ``groups_per_pass: 1``: an idle worker helps with the other
-  worker's shard from its end.
+  worker's shard, both taking groups longest expected first (``rollout.longest_first``, the
+  default: each prompt's seconds the last time it was generated, so from the second epoch, the
+  fifth step, on);
+- *stealing, prompt order*: the same with ``longest_first: false``: the owner in prompt order,
+  the helper from the shard's end.
 
 Figures: seconds per step (the mean gap between consecutive commits, from the metrics lines,
 the first two steps left out: the long tail is in the mean, a step whose slow prompts fell in
 one shard; the median is shown too) and the ratio of the means to *shard*; and how many groups
 a helper journaled.
 
-Then (unless ``--straggler 1``) *shard* and *stealing* once more with rollout worker 1 a
+Then (unless ``--straggler 1``) *shard* and both *stealing* runs once more with rollout worker 1 a
 straggler: every reward it scores takes ``--straggler`` times as long (a slower node, a noisy
 neighbour: the barrier of verl #2445). The bench writes worker 1's pid to a file once it has
 joined; the reward function (``long_tail``) stretches its sleep when its parent (the worker
@@ -169,14 +173,16 @@ def main(argv: list[str]) -> int:
         help="reward time factor of rollout worker 1 in the straggler runs (default 2.0; 1 skips them)",
     )
     ap.add_argument("--no-kill", action="store_true", help="skip the rollout-kill run")
-    ap.add_argument("--only", choices=["shard", "small shards", "stealing"], help="run this work unit only")
+    ap.add_argument("--only", choices=["shard", "small shards", "stealing", "stealing, prompt order"],
+                    help="run this work unit only")  # fmt: skip
     ap.add_argument(
         "--keep", type=Path, help="run in this folder and keep it (journals, logs); default a temporary one"
     )
     args = ap.parse_args(argv)
     print(machine_line(), flush=True)
     runs = {"shard": {"shards_per_step": 2}, "small shards": {"shards_per_step": 16},
-            "stealing": {"shards_per_step": 2, "groups_per_pass": 1}}  # fmt: skip
+            "stealing": {"shards_per_step": 2, "groups_per_pass": 1},
+            "stealing, prompt order": {"shards_per_step": 2, "groups_per_pass": 1, "longest_first": False}}  # fmt: skip
     if args.only:
         runs = {args.only: runs[args.only]}
     results: dict[str, Any] = {}
@@ -188,7 +194,8 @@ def main(argv: list[str]) -> int:
         _rows(rows, args.slow_s, args.fast_s, straggler)
         plan = [(label, rollout, False) for label, rollout in runs.items()]
         if args.straggler != 1:
-            plan += [(f"{label}, straggler", runs[label], True) for label in ("shard", "stealing") if label in runs]
+            plan += [(f"{label}, straggler", runs[label], True)
+                     for label in ("shard", "stealing", "stealing, prompt order") if label in runs]  # fmt: skip
         from controller.store import Store
 
         with local_platform(home, progress=lambda *_: None) as (data, client):
@@ -252,7 +259,7 @@ def main(argv: list[str]) -> int:
               f"{[(e.get('kept'), e.get('regenerated')) for e in k['resumed']]}; job {k['phase']}")  # fmt: skip
         k["lost_s"], k["shard_level_lost_s"], k["in_flight_share_s"] = lost, whole, share
     save(
-        "balance" if not args.only else f"balance-{args.only.replace(' ', '-')}",
+        "balance" if not args.only else f"balance-{args.only.replace(' ', '-').replace(',', '')}",
         {
             "steps": args.steps,
             "slow_s": args.slow_s,

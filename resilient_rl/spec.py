@@ -326,6 +326,14 @@ class RolloutSpec(_Section):
         "pass). With a smaller pass an idle worker steals the unstarted groups of a busy worker's shard "
         "from its end, so a long-tail shard no longer holds the step.",
     )
+    longest_first: bool = Field(
+        True,
+        description="With groups_per_pass > 0: a shard's prompt groups are generated longest expected first "
+        "(by the seconds each prompt's group took the last time this leader saw it generated; prompts not "
+        "seen yet count as the shard's mean), and a helper takes the longest unstarted one, not the last, so "
+        "the step ends on short groups. The order of generation only: the shard, its samples and their "
+        "seeds are the same either way.",
+    )
     num_cpus: float = Size(1.0, gt=0, le=1024, why=_CPUS_WHY, description="CPUs Ray reserves for each rollout worker.")
     num_gpus: float = Size(0.0, ge=0, le=64, why=_CPUS_WHY, description="GPUs Ray reserves for each rollout worker.")
     kv_cache_gib: float = Size(

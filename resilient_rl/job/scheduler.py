@@ -18,7 +18,11 @@ groups at a time): a worker left idle with nothing queued is sent a busy worker'
 *help* with (``steal``): it takes the shard's unfinished groups from its end, journals them,
 and the owner, reading the journal before each pass, skips them. The owner still writes the
 shard file and its answer completes the shard; the helper's answer only frees it. A lost
-helper costs nothing but itself: the shard stays with its owner.
+helper costs nothing but itself: the shard stays with its owner. With ``rollout.longest_first``
+(the default) owner and helper share an order of generation, longest expected group first
+(:class:`PromptCosts`: each prompt's group seconds the last time it was generated), and the
+helper takes the longest unstarted group rather than the last: greedy longest-first list
+scheduling, so the step ends on short groups.
 
 Under dynamic sampling (``algorithm.dynamic_sampling``) a step's shards come in rounds:
 once every shard of a round is in, the step's groups with a reward spread are counted
@@ -82,6 +86,40 @@ class InFlight:
     worker: int
     sent: float  # monotonic
     steal: bool = False  # a second worker helping with the shard (its groups from the end), see dispatch
+    order: tuple[int, ...] | None = None  # the shard's positions, longest expected group first (PromptCosts)
+
+
+class PromptCosts:
+    """The seconds each prompt's group took the last time it was generated (as its shard's answer
+    reported them), bounded to the ``limit`` prompts seen last; the order of generation of a shard
+    follows from them (``rollout.longest_first``). In the runner's memory only: a new leader learns
+    them again, and until then a shard goes in prompt order."""
+
+    def __init__(self, limit: int = 1 << 16) -> None:
+        self.limit = limit
+        self.seconds: dict[int, float] = {}  # prompt index -> seconds (insertion order: oldest first)
+
+    def learn(self, costs: Any) -> None:
+        """``[[prompt index, seconds], ...]`` from a shard's answer; anything malformed is ignored."""
+        for item in costs or []:
+            try:
+                i, s = int(item[0]), float(item[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            if s >= 0 and s == s:  # not NaN
+                self.seconds.pop(i, None)
+                self.seconds[i] = s
+        while len(self.seconds) > self.limit:
+            del self.seconds[next(iter(self.seconds))]
+
+    def order(self, prompts: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The shard's positions, longest expected group first (ties: in prompt order); a prompt not
+        seen yet counts as the mean of those seen. None when none of them was seen."""
+        known = [self.seconds[i] for i in prompts if i in self.seconds]
+        if not known:
+            return None
+        mean = sum(known) / len(known)
+        return tuple(sorted(range(len(prompts)), key=lambda p: (-self.seconds.get(prompts[p], mean), p)))
 
 
 class ShardScheduler:
@@ -105,6 +143,7 @@ class ShardScheduler:
         self.shard_mb = 0.0  # the largest shard file so far (how much room a resume needs)
         self.lost: set[tuple[int, int]] = set()  # (step, shard) sent again after its worker was lost
         self.helped: set[Shard] = set()  # shards a helper was sent to (once per owner: see _steal)
+        self.costs = PromptCosts()  # each prompt's group seconds, for longest-first generation
 
     # -- planning ----------------------------------------------------------------
 
@@ -194,16 +233,25 @@ class ShardScheduler:
         while (self.queue or self.evalq) and rollouts.idle and not self.paused():
             w = min(rollouts.idle)
             rollouts.idle.discard(w)
+            order = None
             if self.queue:
                 shard = self.queue.popleft()
-                ref = A.call(rollouts.workers[w], "generate_shard", shard.step, shard.index, list(shard.prompts),
-                             self.ctx.token, shard.round)  # fmt: skip
+                order = self._order(shard)
+                args = (shard.step, shard.index, list(shard.prompts), self.ctx.token, shard.round)
+                ref = A.call(rollouts.workers[w], "generate_shard", *args, *((False, list(order)) if order else ()))
             else:
                 shard = self.evalq.popleft()
                 ref = A.call(rollouts.workers[w], "evaluate", shard.step, shard.index, shard.prompts[0],
                              shard.prompts[-1] + 1, self.ctx.token)  # fmt: skip
-            self.inflight[ref] = InFlight(shard, w, time.monotonic())
+            self.inflight[ref] = InFlight(shard, w, time.monotonic(), order=order)
         self._steal(rollouts)
+
+    def _order(self, shard: Shard) -> tuple[int, ...] | None:
+        """The order of generation of a training shard's groups (``rollout.longest_first``), or None."""
+        r = self.ctx.spec.rollout
+        if not (r.groups_per_pass and r.longest_first) or len(shard.prompts) <= r.groups_per_pass:
+            return None
+        return self.costs.order(shard.prompts)
 
     def _steal(self, rollouts: RolloutGroup) -> None:
         """Idle workers, nothing queued: each helps with the oldest in-flight training shard that has
@@ -220,8 +268,8 @@ class ShardScheduler:
             rollouts.idle.discard(w)
             s = f.shard
             ref = self.ctx.actors.call(rollouts.workers[w], "generate_shard", s.step, s.index, list(s.prompts),
-                                       self.ctx.token, s.round, True)  # fmt: skip
-            self.inflight[ref] = InFlight(s, w, time.monotonic(), steal=True)
+                                       self.ctx.token, s.round, True, *((list(f.order),) if f.order else ()))  # fmt: skip
+            self.inflight[ref] = InFlight(s, w, time.monotonic(), steal=True, order=f.order)
             self.helped.add(s)
 
     # -- evaluation (spec.eval) ------------------------------------------------------
@@ -320,6 +368,7 @@ class ShardScheduler:
                                step=f.shard.step, shard=f.shard.index, worker=f.worker, kept=kept,
                                regenerated=regen)  # fmt: skip
             self.shard_mb = max(self.shard_mb, float(result.get("bytes") or 0) / 1e6)
+            self.costs.learn(result.get("costs"))
             self.done.setdefault(f.shard.step, {})[f.shard.index] = result
             if len(self.done[f.shard.step]) == self.rounds[f.shard.step].shards:
                 self._round_done(f.shard.step)

@@ -180,7 +180,14 @@ class RolloutWorker:
         return self.version
 
     def generate_shard(
-        self, step: int, shard: int, indices: list[int], token: int = 0, round_: int = 0, steal: bool = False
+        self,
+        step: int,
+        shard: int,
+        indices: list[int],
+        token: int = 0,
+        round_: int = 0,
+        steal: bool = False,
+        order: list[int] | None = None,
     ) -> dict[str, Any]:
         """Generate ``n`` samples for each prompt index, score them, journal the shard.
         ``round_`` > 0: an extra round of dynamic sampling (fresh seeds, see ``algo/dynamic``).
@@ -197,7 +204,10 @@ class RolloutWorker:
         again before each: groups another worker finished meanwhile are not generated. With
         ``steal`` this worker helps the one the shard was sent to: it takes the unfinished
         groups from the shard's end, writes no shard file, stops once the shard file is there,
-        and answers ``{"stolen": groups it journaled, ...}``.
+        and answers ``{"stolen": groups it journaled, ...}``. ``order`` (``rollout.longest_first``:
+        the shard's positions, longest expected group first) is the order owner and helper both
+        take groups in, the helper from its start too (the longest unstarted group); the answer's
+        ``costs`` are ``[prompt index, seconds]`` of each group, for the next time.
         """
         check_fence(self.fence, token, f"shard {step}/{shard}")
         if self.version < step - self.spec.async_.max_staleness:  # a load it was sent failed
@@ -207,7 +217,7 @@ class RolloutWorker:
         t0 = self._progress_at = time.monotonic()
         self._busy = True
         try:
-            return self._generate(step, shard, indices, round_, t0, steal)
+            return self._generate(step, shard, indices, round_, t0, steal, order)
         finally:
             self._busy = False
 
@@ -218,7 +228,7 @@ class RolloutWorker:
                 if p < len(examples) and g.get("key") == self._group_key(examples[p], round_)}  # fmt: skip
 
     def _generate(
-        self, step: int, shard: int, indices: list[int], round_: int, t0: float, steal: bool
+        self, step: int, shard: int, indices: list[int], round_: int, t0: float, steal: bool, hint: list[int] | None
     ) -> dict[str, Any]:
         self.member.update(status="busy", step=step, shard=shard, started_at=time.time())
         n = self.spec.rollout.sampling.n
@@ -226,7 +236,10 @@ class RolloutWorker:
         have = self._journaled(step, shard, examples, round_)
         kept = sum(len(g["samples"]) for g in have.values())
         per_pass = self.spec.rollout.groups_per_pass or len(examples)
-        order = list(reversed(range(len(examples)))) if steal else list(range(len(examples)))
+        if hint is not None and sorted(hint) == list(range(len(examples))):  # longest expected first
+            order = list(hint)
+        else:  # the owner from the start, a helper from the end
+            order = list(reversed(range(len(examples)))) if steal else list(range(len(examples)))
         refused = stolen = 0
         me = str(self.index)
         # claims matter only where a helper may share the shard (groups_per_pass > 0); they are an
@@ -274,6 +287,7 @@ class RolloutWorker:
         meta = {"worker": self.index, "version": version, "seconds": secs, "round": round_, "kept": kept,
                 "generated": generated, "groups": [[have[p]["worker"], have[p]["version"]]
                                                    for p in range(len(examples))]}  # fmt: skip
+        costs = [[examples[p].index, have[p]["seconds"]] for p in range(len(examples)) if "seconds" in have[p]]
         if refused:
             meta["refused"] = refused  # groups another writer journaled first (a stealer, a zombie)
         ref: ShardRef = self.journal.write_shard(step, shard, samples, meta)
@@ -294,6 +308,7 @@ class RolloutWorker:
             "worker": self.index,
             "kept": kept,
             "generated": generated,
+            "costs": costs,
         }
 
     def _pass(
@@ -310,6 +325,7 @@ class RolloutWorker:
                 keys_.append((p, s))
         pending: dict[int, dict[int, Any]] = {}
         stream = self.engine.stream(prompts, seeds, self.sampling, stop=self._stopping)
+        since = time.monotonic()  # a group's cost: the seconds from the one before it (or the pass's start)
         try:
             for j, c in stream:
                 p, s = keys_[j]
@@ -320,7 +336,9 @@ class RolloutWorker:
                 del pending[p]
                 if stop_if_written and self.journal.shard_written(step, shard):
                     return  # a stealer's group after the owner finished: nobody needs it
-                yield (p, *self._journal_group(step, shard, p, examples[p], round_, [got[x] for x in range(n)]))
+                outs = [got[x] for x in range(n)]
+                yield (p, *self._journal_group(step, shard, p, examples[p], round_, outs, since))
+                since = time.monotonic()
                 if self.preempted_at is not None:
                     return
         finally:
@@ -331,7 +349,7 @@ class RolloutWorker:
         return [ex.index, round_, self.spec.rollout.sampling.n]
 
     def _journal_group(
-        self, step: int, shard: int, p: int, ex: Any, round_: int, outs: list[Any]
+        self, step: int, shard: int, p: int, ex: Any, round_: int, outs: list[Any], since: float
     ) -> tuple[dict[str, Any], bool]:
         """Score one finished prompt group and journal it; returns the group as journaled (ours,
         or the first writer's when another got there first) and whether it is ours."""
@@ -353,7 +371,8 @@ class RolloutWorker:
             }
             for s, (c, rr) in enumerate(zip(outs, scored, strict=True))
         ]
-        group = {"worker": self.index, "version": self.version, "key": self._group_key(ex, round_), "samples": samples}
+        group = {"worker": self.index, "version": self.version, "key": self._group_key(ex, round_), "samples": samples,
+                 "seconds": round(time.monotonic() - since, 4)}  # fmt: skip
         self._progress()
         for _ in range(2):
             if self.journal.write_group(step, shard, p, group):

@@ -49,6 +49,10 @@ class Script:
     preempt_rollout_at: dict[tuple[int, int], int] = field(default_factory=dict)
     on_shard: Any = None  # called (worker, step, shard) as a shard starts
     group_delay_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (step, shard) -> seconds a group
+    prompt_delay_s: dict[int, float] = field(default_factory=dict)  # prompt index -> seconds its group takes
+    group_order: list[tuple[int, int, int, int]] = field(
+        default_factory=list
+    )  # (step, shard, prompt, serial) journaled
     stolen: list[tuple[int, int, int, int]] = field(default_factory=list)  # (step, shard, serial, groups) of helpers
     # (step, shard): its helper dies holding its first claim (before it generates that group)
     kill_helper_at: set[tuple[int, int]] = field(default_factory=set)
@@ -197,12 +201,19 @@ class FakeRollout:
         return self.version
 
     def generate_shard(
-        self, step: int, shard: int, indices: list[int], token: int = 0, round_: int = 0, steal: bool = False
+        self,
+        step: int,
+        shard: int,
+        indices: list[int],
+        token: int = 0,
+        round_: int = 0,
+        steal: bool = False,
+        order: list[int] | None = None,
     ) -> dict[str, Any]:
         check_fence(self.fence, token, f"shard {step}/{shard}")
         s = self._script
         if steal:
-            return self._help(step, shard, indices, round_)
+            return self._help(step, shard, indices, round_, order)
         with s.lock:
             s.rounds.append((step, shard, round_, tuple(indices)))  # as the shard starts
         if s.on_shard is not None:
@@ -230,7 +241,7 @@ class FakeRollout:
         deadline = time.monotonic() + 20
         while len(have) < len(indices):  # passes, as the real worker's: claimed, then generated
             assert time.monotonic() < deadline, f"shard {step}/{shard}: groups claimed by a lost helper never freed"
-            todo = self._claim(step, shard, range(len(indices)), have)
+            todo = self._claim(step, shard, order or range(len(indices)), have)
             if not todo:
                 time.sleep(0.01)  # the rest is a helper's
             for p in todo:
@@ -253,7 +264,8 @@ class FakeRollout:
         return {"ref": ref.to_dict(), "bytes": 100, "version": version, "reward_mean": 0.0, "reward_errors": 0,
                 "reward_error": None, "samples": len(samples), "tokens": 2 * len(samples), "seconds": 0.0,
                 "worker": self.index, "varied": sum(varied([x["reward"] for x in samples], n)), "kept": kept,
-                "generated": len(indices) * n - kept}  # fmt: skip
+                "generated": len(indices) * n - kept,
+                "costs": [[indices[p], have[p]["seconds"]] for p in range(len(indices))]}  # fmt: skip
 
     def _journaled(self, step: int, shard: int, indices: list[int], round_: int) -> dict[int, dict[str, Any]]:
         n = self.spec.rollout.sampling.n
@@ -262,15 +274,18 @@ class FakeRollout:
     def _group(self, step: int, shard: int, p: int, i: int, round_: int) -> dict[str, Any]:
         """Generate and journal prompt group ``p`` (prompt ``i``); returns the journaled one (first writer's)."""
         s, n = self._script, self.spec.rollout.sampling.n
-        time.sleep(s.group_delay_s.get((step, shard), 0.0))
+        delay = s.prompt_delay_s.get(i, s.group_delay_s.get((step, shard), 0.0))
+        time.sleep(delay)
         samples = [{"prompt_index": i, "sample": j, "prompt_ids": [3], "token_ids": [4, 1], "logprobs": [0.0, 0.0],
                     "text": "x", "reward_error": None, "version": self.version,
                     "reward": min(1.0, self.version / 10) if s.reward is None else s.reward(step, round_, i, j)}
                    for j in range(n)]  # fmt: skip
-        group = {"worker": self.index, "version": self.version, "key": [i, round_, n], "samples": samples}
+        group = {"worker": self.index, "version": self.version, "key": [i, round_, n], "samples": samples,
+                 "seconds": delay}  # fmt: skip
         if self.journal.write_group(step, shard, p, group):
             with s.lock:
                 s.group_writes.append((step, shard, p, self.serial, self.version))
+                s.group_order.append((step, shard, i, self.serial))
         return self.journal.groups(step, shard)[p]
 
     def _claim(self, step: int, shard: int, order: Any, have: dict[int, Any]) -> list[int]:
@@ -280,12 +295,12 @@ class FakeRollout:
         todo = [p for p in order if p not in have and claims.get(p, me) == me][:per_pass]
         return [p for p in todo if claims.get(p) == me or self.journal.claim(step, shard, p, me)]
 
-    def _help(self, step: int, shard: int, indices: list[int], round_: int) -> dict[str, Any]:
-        """A helper (work stealing): groups from the shard's end, a pass at a time, until the owner's
-        shard file is there or nothing is left."""
+    def _help(self, step: int, shard: int, indices: list[int], round_: int, order: list[int] | None) -> dict[str, Any]:
+        """A helper (work stealing): groups from the shard's end (or in ``order``: longest expected
+        first), a pass at a time, until the owner's shard file is there or nothing is left."""
         s, mine = self._script, 0
         while not self.journal.shard_written(step, shard):
-            todo = self._claim(step, shard, list(reversed(range(len(indices)))),
+            todo = self._claim(step, shard, order or list(reversed(range(len(indices)))),
                                self._journaled(step, shard, indices, round_))  # fmt: skip
             if not todo:
                 break

@@ -321,3 +321,40 @@ def test_the_only_rank_preempted_without_a_spare_goes_the_cold_way_without_a_fau
     assert pre["group"] == "trainer" and pre["recovery"] == "cold", pre
     assert job.events("trainer_restart") == []
     assert job.c.state["weights_digest"] == "0,1,2,3,4,5"
+
+
+# -- longest expected first (rollout.longest_first) ---------------------------------------------
+
+
+@pytest.mark.parametrize("longest_first", [True, False])
+def test_a_helper_takes_the_longest_unstarted_group_once_the_prompts_costs_are_known(
+    tmp_path: Path, longest_first: bool
+) -> None:
+    """8 prompts, all of them each step (one epoch a step), 2 shards of 4. The two slow prompts
+    (0.4 s) are at positions 0 and 1 of step 1's shard 0, the rest take 0.02 s. Step 0 teaches
+    the runner each prompt's cost; in step 1 the owner starts on position 0 and the worker whose
+    shard is done helps with the longest unstarted group, position 1, where a helper taking from
+    the end (``longest_first: false``) starts on position 3."""
+    from resilient_rl.algo.sampler import prompt_indices
+
+    spec = {"rollout": {"groups_per_pass": 1, "longest_first": longest_first}, "task": {"num_prompts": 8}}
+    job = _job(tmp_path, Script(), steps=3, **spec)
+    shard0 = prompt_indices(int(job.spec["seed"]), 1, 8, 8)[:4]
+    job.script.prompt_delay_s = {i: 0.02 for i in range(8)} | {shard0[0]: 0.4, shard0[1]: 0.4}
+    job.lead()
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    helper = [x[2] for x in job.script.stolen if x[:2] == (1, 0)]
+    assert helper, job.script.stolen  # the worker done with shard 1/1 helped with 1/0
+    by_helper = [i for s, sh, i, serial in job.script.group_order if (s, sh, serial) == (1, 0, helper[0])]
+    by_owner = [i for s, sh, i, serial in job.script.group_order if (s, sh) == (1, 0) and serial != helper[0]]
+    assert by_owner[0] == shard0[0]  # either way the owner starts on position 0
+    if longest_first:
+        assert by_helper[0] == shard0[1]  # the second slow group went to the helper at once
+        costs = job.runner.shards.costs.seconds  # type: ignore[union-attr]
+        assert costs == {i: job.script.prompt_delay_s[i] for i in range(8)}  # learned from the answers
+    else:
+        assert by_helper[0] == shard0[3]  # from the end
+    for step in range(3):  # each group journaled once
+        for sh in range(2):
+            assert _groups_written(job.script, step, sh) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+    _check_batches(tmp_path, 3)
