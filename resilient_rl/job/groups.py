@@ -387,6 +387,8 @@ class TrainerGroup:
         # called once, by the next start, right after it asked Ray for the ranks: a fresh start's
         # rollout workers are created there (see RolloutGroup.prestart), placed after the ranks
         self.after_ranks_created: Callable[[], None] | None = None
+        # a hot recovery's retried step: no spare is refilled until it is committed (see fill_spares)
+        self.refill_after: int | None = None
         c = ctx
         # warm spares, ready to be promoted: taking one raises its fence to this leader's
         self.spares = SparePool(ctx, "trainer-spare", self._create_spare,
@@ -425,6 +427,7 @@ class TrainerGroup:
         if self.after_ranks_created is not None:
             hook, self.after_ranks_created = self.after_ranks_created, None
             hook()
+        self.refill_after = None
         self.fill_spares()  # the spares warm beside the ranks, not after them: a fault soon after a start is hot too
         A.get(A.call(store, "ping"))  # the ranks and the store start together
         A.call(store, "warm")  # not waited for: it imports while the ranks start (a first pull queues behind it)
@@ -699,7 +702,7 @@ class TrainerGroup:
                 f"replaced, epoch {epoch})", seconds=secs, world=self.world, group="trainer", resize=False,
                 recovery="hot", epoch=epoch, fingerprint=prints[0]["fingerprint"][:16],
                 spares_used=len(promoted), phases=phases, preempted=preempted)  # fmt: skip
-        self.fill_spares()
+        self.refill_after = k
         return True
 
     def _newcomers(self, lost: list[int]) -> tuple[dict[int, tuple[str, Any]], dict[int, Any]]:
@@ -838,7 +841,7 @@ class TrainerGroup:
                 world=self.world, group="trainer", resize=False, recovery="hot", epoch=epoch,
                 spares_used=len(promoted), source="shadow", replayed=k - s, phases=phases,
                 preempted=preempted)  # fmt: skip
-        self.fill_spares()
+        self.refill_after = k
         return True
 
     def _recover_alone(self, k: int, ref: Any, why: str, *, preempted: bool = False) -> bool:
@@ -904,7 +907,7 @@ class TrainerGroup:
                 seconds=secs, world=1, group="trainer", resize=False, recovery="hot", epoch=epoch,
                 spares_used=1, source="shadow" if shadow is not None else "snapshot", replayed=k - s,
                 preempted=preempted)  # fmt: skip
-        self.fill_spares()
+        self.refill_after = k
         return True
 
     def _next_epoch(self) -> int:
@@ -943,9 +946,18 @@ class TrainerGroup:
 
     def fill_spares(self) -> None:
         """Keep :meth:`spares_wanted` spares warm or warming, in the background (see
-        :class:`SparePool`); called once per pass of the step loop."""
-        if self.ranks:
+        :class:`SparePool`); called once per pass of the step loop. After a hot recovery the
+        refill waits for the retried step's commit (:meth:`committed`): a spare's start-up
+        (a process importing torch, a model built: about 9 CPU seconds at 104.7M parameters)
+        would otherwise compete with the retried step for the CPUs, on the recovery's
+        critical path (BENCHMARKS section 5)."""
+        if self.ranks and self.refill_after is None:
             self.spares.fill(self.spares_wanted())
+
+    def committed(self, k: int) -> None:
+        """Step ``k`` was committed: a refill held for a hot recovery's retried step may start."""
+        if self.refill_after is not None and k >= self.refill_after:
+            self.refill_after = None
 
     def _create_spare(self, name: str, n: int) -> Any:
         c = self.ctx

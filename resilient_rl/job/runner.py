@@ -651,6 +651,7 @@ class JobRunner:
             snaps = SnapshotFlow(self.ctx, self.trainers)
             self.leases.reset()
         self.faults.committed(k)
+        self.trainers.committed(k)
         log.info("job %s step %d committed: reward %.3f", self.job, k, metrics["reward"])
         return snaps, nxt
 

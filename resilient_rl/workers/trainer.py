@@ -24,9 +24,10 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 import torch
@@ -50,6 +51,7 @@ from .transport import ObjectStoreTransport, pack, unpack
 __all__ = ["StepRejected", "TrainerRank", "batch_tensors", "behaviour_logprobs", "trainer_actor", "weights_digest"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _node_id() -> str | None:
@@ -90,6 +92,31 @@ def _disk_note(path: Path) -> str:
             free = shutil.disk_usage(p).free
             return f" ({free / 1e6:.1f} MB free on its device{': disk full' if free < (1 << 20) else ''})"
     return ""
+
+
+def _in_background_thread(build: Callable[[], T]) -> T:
+    """``build()`` in a thread of its own at the lowest CPU priority (nice 19; Linux keeps a nice
+    value per thread, and any thread may lower its own), and its result: a warm spare's build
+    then takes only the CPU the job's ranks leave idle, where it shares a machine with them.
+    The thread ends with the build, so nothing that runs after a promotion is slowed."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):  # not Linux: the build runs at the process's priority
+            pass
+        try:
+            out["value"] = build()
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            out["error"] = e
+
+    t = threading.Thread(target=run, name="spare-build", daemon=True)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def _phases(**seconds: float) -> dict[str, float]:
@@ -169,13 +196,18 @@ class TrainerRank:
         if self.spare is None:
             raise RuntimeError(f"rank {self.rank} is not a spare")
         t0 = time.monotonic()
-        if self.core is None and self.strategy == "ddp":
-            self.core = TrainCore(self.spec, self.model_dir, 0, 1, "ddp", self._device())
-            self.core.materialize()  # the optimizer's state: not built at a promotion (seconds at 100M)
-        elif self.core is None:
-            warm_sharded(self.model_dir)
+        if self.core is None:
+            self.core = _in_background_thread(self._build_spare)
         self.member.update(status="spare")
         return {"spare": self.spare, "pid": os.getpid(), "seconds": round(time.monotonic() - t0, 3)}
+
+    def _build_spare(self) -> TrainCore | None:
+        if self.strategy != "ddp":
+            warm_sharded(self.model_dir)
+            return None
+        core = TrainCore(self.spec, self.model_dir, 0, 1, "ddp", self._device())
+        core.materialize()  # the optimizer's state: not built at a promotion (seconds at 100M)
+        return core
 
     def promote(
         self,

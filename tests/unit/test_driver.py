@@ -589,6 +589,28 @@ def test_without_a_spare_the_hot_path_starts_a_new_process_for_the_lost_rank(tmp
     assert job.created("trainer-spare") == [] and _digest_of_final_weights(job) == "0,1,2,3,4"
 
 
+def test_after_a_hot_recovery_the_spare_is_refilled_once_the_retried_step_is_committed(tmp_path: Path) -> None:
+    """The promoted spare's replacement starts only after step 3 (the retried one) is committed:
+    its start-up would compete with that step for the CPUs (TrainerGroup.fill_spares)."""
+    job = Job(tmp_path, Script(collective=True, train_delay_s=0.05, kill_rank_at={(3, 1)}), steps=6)
+    committed_at: dict[str, int] = {}
+    create = job.layer.create
+
+    def noting_the_committed_step(role: str, name: str, args: Any, placement: Any) -> Any:
+        committed_at.setdefault(name, int(job.c.state.get("step") or 0))
+        return create(role, name, args, placement)
+
+    job.layer.create = noting_the_committed_step  # type: ignore[method-assign]
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (back,) = job.events("trainer_recovered")
+    assert back["recovery"] == "hot" and back["spares_used"] == 1
+    assert job.created("trainer-spare") == ["rrl:drv:trainer-spare:0", "rrl:drv:trainer-spare:1"]
+    assert committed_at["rrl:drv:trainer-spare:0"] == 0  # beside the ranks at the start
+    assert committed_at["rrl:drv:trainer-spare:1"] == 4  # steps 0..3 committed, not before
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5"
+
+
 def test_a_spare_lost_while_idle_is_passed_over_and_refilled(tmp_path: Path) -> None:
     job = Job(tmp_path, Script(collective=True), steps=5)
 
