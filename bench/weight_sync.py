@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from resilient_rl.job.groups import weight_bytes
 
 #: The demo's model (examples/copy-tiny.yaml) and a ~100M model of the same architecture.
 SIZES: dict[str, dict[str, int]] = {
@@ -147,7 +146,7 @@ class Bench:
             .remote()
         )  # fmt: skip
         ray.get(self.store.ping.remote())
-        self.store.warm.remote(weight_bytes(model_dir))  # as TrainerGroup.start does: not waited for
+        self.store.warm.remote()  # as TrainerGroup.start does: not waited for
         job = job_name(size)
         spec = job_spec(size, "hf", 1, job)
         self.trainer = (

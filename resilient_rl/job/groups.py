@@ -18,9 +18,7 @@ replacement backoff), which turns a crash loop into a FAILED job with a clear re
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -373,16 +371,6 @@ def _slowest_parts(reformed: list[dict[str, Any]]) -> dict[str, float]:
     return {f"reform_{k}": max(float((x.get("phases") or {}).get(k, 0.0)) for x in reformed) for k in parts}
 
 
-def weight_bytes(model_dir: str) -> int:
-    """About one published version's bytes: the model folder's weight files (0 if unreadable)."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(model_dir):
-            if entry.name.endswith((".safetensors", ".bin")) and entry.is_file():
-                total += entry.stat().st_size
-    return total
-
-
 class TrainerGroup:
     """All ranks of the trainer, started, restored and replayed together."""
 
@@ -442,9 +430,7 @@ class TrainerGroup:
         self.refill_after = None
         self.fill_spares()  # the spares warm beside the ranks, not after them: a fault soon after a start is hot too
         A.get(A.call(store, "ping"))  # the ranks and the store start together
-        # not waited for: it imports and touches the object store while the ranks start (a first
-        # pull queues behind it)
-        A.call(store, "warm", weight_bytes(self.model_dir))
+        A.call(store, "warm")  # not waited for: it imports while the ranks start (a first pull queues behind it)
         restore, s = choose_restore(c, k)
         shadow = self._usable_shadow(store, k, s, world, strategy)
         master = A.get(A.call(self.ranks[0], "address"))

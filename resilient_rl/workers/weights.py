@@ -8,36 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Published versions whose handles the store keeps (see :meth:`WeightStore.seal`).
-KEEP_VERSIONS = 4
-#: Model-sized regions of the object store touched by :meth:`WeightStore.warm`: a 104.7M job
-#: published its first three versions 1.3-1.7 s slower than the rest (0.15 s), each landing in
-#: shared-memory pages never written before; from the fourth on, freed ones were reused.
-TOUCH_VERSIONS = 3
-#: Never touch more than this share of the object store (the rest is the job's).
-TOUCH_SHARE = 0.5
-TOUCH_CHUNK = 64 << 20
-
-
-def _touch_object_store(nbytes: int) -> int:
-    """Write ``nbytes`` (at most ``TOUCH_SHARE`` of the cluster's object store) of new objects,
-    all alive at once so that each lands in its own memory, then free them. Returns the bytes."""
-    import numpy as np
-    import ray
-
-    if not ray.is_initialized():
-        return 0  # not in a Ray worker (the driver's unit tests run the store in-process)
-    chunks = touch_chunks(nbytes, float(ray.cluster_resources().get("object_store_memory", 0.0)))
-    zeros = np.zeros(TOUCH_CHUNK, dtype=np.uint8)  # a calloc: its own pages are never written
-    held = [ray.put(zeros) for _ in range(chunks)]
-    del held
-    return chunks * TOUCH_CHUNK
-
-
-def touch_chunks(nbytes: int, capacity: float) -> int:
-    """How many ``TOUCH_CHUNK`` objects cover ``nbytes``, within ``TOUCH_SHARE`` of ``capacity``."""
-    return max(0, min(int(nbytes), int(capacity * TOUCH_SHARE))) // TOUCH_CHUNK
-
 
 class WeightStore:
     """Owns the published weights of a job (actor ``rrl:{job}:weights:0``, no CPU reserved).
@@ -58,7 +28,6 @@ class WeightStore:
         # the trainer's shadow copy: source rank -> step -> (meta, tensors, tree, rng), in this
         # process's memory (not the object store: nothing else reads it until a restart)
         self.shadows: dict[int, dict[int, tuple[dict[str, Any], Any, str, Any]]] = {}
-        self.touched = 0  # bytes of the object store this store has written once (see warm)
 
     def pull(self, version: int, index: int, source: Any) -> int:
         """Take bucket ``index`` of ``version`` from ``source`` (rank 0, which has it staged, see
@@ -100,7 +69,7 @@ class WeightStore:
         if len(refs) != buckets:
             raise RuntimeError(f"version {version} is sealed with {buckets} buckets but {len(refs)} arrived")
         self.refs[version] = ray.put(Published(version, list(refs), tensors, nbytes))
-        for v in sorted(self.refs)[:-KEEP_VERSIONS]:
+        for v in sorted(self.refs)[:-4]:
             del self.refs[v]
         for v in [v for v in self._buckets if v not in self.refs and v != version]:
             del self._buckets[v]  # buckets of dropped versions (or of a publish that died half-way)
@@ -162,24 +131,14 @@ class WeightStore:
     def ping(self) -> bool:
         return True
 
-    def warm(self, model_bytes: int = 0) -> int:
+    def warm(self) -> bool:
         """Import what the first ``pull`` would: Ray loads an actor's class to deserialize a
         handle of it, and the trainer rank's module imports torch (seconds: measured as a first
         publish 2-4 s slower than the next at 0.3M). ``TrainerGroup.start`` sends this without
-        waiting, so the store is warm before the job's first step is published.
-
-        Then write ``TOUCH_VERSIONS`` x ``model_bytes`` of the object store once (at most
-        ``TOUCH_SHARE`` of it) and free it: a bucket written into shared-memory pages never
-        touched before costs a page fault per page (400 MB: 2.3-2.6 s against 0.08 s into
-        freed pages, measured on 2 loaded cores), and Ray's object store keeps freed memory
-        mapped, so the first versions land in written pages too. Once per store (a restarted
-        trainer group finds it done). Returns the bytes touched so far."""
+        waiting, so the store is warm before the job's first step is published."""
         from . import trainer  # noqa: F401
 
-        want = TOUCH_VERSIONS * max(0, int(model_bytes))
-        if want > self.touched:
-            self.touched = max(self.touched, _touch_object_store(want))
-        return self.touched
+        return True
 
     def node(self) -> str:
         """The Ray node this store runs on (its loss takes every published version with it)."""

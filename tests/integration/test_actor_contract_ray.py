@@ -71,23 +71,6 @@ def test_the_weight_store_pulls_buckets_it_owns_and_they_outlive_the_publisher(r
         ray.kill(store)
 
 
-def test_the_weight_store_touches_the_object_store_once_and_within_its_share(ray_actors: RayActors) -> None:
-    """``warm(model_bytes)`` writes TOUCH_VERSIONS model-sized regions of the object store once
-    and frees them (the first versions then land in written pages); a second warm (a restarted
-    trainer group) touches nothing more. The bound (TOUCH_SHARE of the store): test_weights_touch."""
-    from resilient_rl.workers import weights as W
-
-    store = ray.remote(W.WeightStore).options(namespace="rrl-contract", num_cpus=0).remote()
-    try:
-        model = 3 * W.TOUCH_CHUNK
-        assert ray.get(store.warm.remote(model), timeout=120) == W.TOUCH_VERSIONS * model
-        assert ray.get(store.warm.remote(model), timeout=60) == W.TOUCH_VERSIONS * model  # done once
-        assert ray.get(store.warm.remote(0), timeout=60) == W.TOUCH_VERSIONS * model
-        assert ray.get(store.get.remote(1), timeout=30) is None  # nothing published, nothing held
-    finally:
-        ray.kill(store)
-
-
 def test_a_pull_of_a_bucket_that_is_not_staged_names_what_is(ray_actors: RayActors) -> None:
     from resilient_rl.workers.weights import WeightStore
     from tests.helpers.weight_source import Publisher
