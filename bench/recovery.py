@@ -226,6 +226,32 @@ def memcpy_gbps() -> float:
     return x.numel() * 4 / best / 1e9
 
 
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
+
+
+def mttr_bounds(runs: dict[str, dict[str, Any]], gbps: float, state_gb: float) -> dict[str, Any]:
+    """Issue 16's bound on the hot next commit: the median detection + one step + 2 x state /
+    memcpy, with "one step" the hot run's median step, and (stricter where the hot run's steps
+    were slowed, e.g. by a spare warming beside them) the cold run's; and how many hot kills'
+    next commits are under each, as "n/m"."""
+    hot = [f for f in runs["hot"]["faults"] if f["status"] == "injected"]
+    det = _median([f["detection_s"] for f in hot if f["detection_s"] is not None]) or 0.0
+    nexts = [f["next_commit_s"] for f in hot if f.get("next_commit_s") is not None]
+    step = _median([float(x) for x in runs["hot"].get("step_seconds") or []])
+    cold = _median([float(x) for x in (runs.get("cold") or {}).get("step_seconds") or []])
+    move = 2 * state_gb / gbps
+    out: dict[str, Any] = {"memcpy_gbps": round(gbps, 2), "state_gb": round(state_gb, 3),
+                           "median_step_s": round(step, 2) if step is not None else None,
+                           "bound_s": round(det + step + move, 2) if step is not None else None,
+                           "cold_median_step_s": round(cold, 2) if cold is not None else None,
+                           "bound_cold_step_s": round(det + cold + move, 2) if cold is not None else None}  # fmt: skip
+    for key, bound in (("under_bound", out["bound_s"]), ("under_bound_cold_step", out["bound_cold_step_s"])):
+        out[key] = f"{sum(x <= bound for x in nexts)}/{len(nexts)}" if bound is not None else None
+    return out
+
+
 def trainer_paths(kills: int, out: Path, world: int = 2, big: bool = False, strategy: str = "ddp") -> int:
     """Trainer-rank kills at ``world``, the hot path and the cold path in one run, side by side.
     With ``big`` (the 104.7M model) the hot figure is set beside the issue's bound: detection +
@@ -261,15 +287,13 @@ def trainer_paths(kills: int, out: Path, world: int = 2, big: bool = False, stra
     if big:
         gbps = memcpy_gbps()
         state_gb = 104.7e6 * 4 * 3 / 1e9  # fp32 parameters + AdamW's two moments
-        steps = sorted(float(x) for x in runs["hot"]["step_seconds"])
-        step_s = steps[len(steps) // 2] if steps else float("nan")
-        hot = [f for f in runs["hot"]["faults"] if f["status"] == "injected"]
-        det = [f["detection_s"] for f in hot if f["detection_s"] is not None]
-        bound = (sorted(det)[len(det) // 2] if det else 0.0) + step_s + 2 * state_gb / gbps
-        extra = {"memcpy_gbps": round(gbps, 2), "state_gb": round(state_gb, 3), "median_step_s": round(step_s, 2),
-                 "bound_s": round(bound, 2)}  # fmt: skip
-        print(f"\nbound: detection + one step ({step_s:.2f} s, median) + 2 x {state_gb:.2f} GB / {gbps:.1f} GB/s "
-              f"memcpy = {bound:.2f} s")  # fmt: skip
+        extra = mttr_bounds(runs, gbps, state_gb)
+        print(f"\nbound: detection + one step ({extra['median_step_s']:.2f} s, the hot run's median) + 2 x "
+              f"{state_gb:.2f} GB / {gbps:.1f} GB/s memcpy = {extra['bound_s']:.2f} s; hot next commits under it: "
+              f"{extra['under_bound']}")  # fmt: skip
+        if extra.get("bound_cold_step_s") is not None:
+            print(f"stricter, with the cold run's median step ({extra['cold_median_step_s']:.2f} s): "
+                  f"{extra['bound_cold_step_s']:.2f} s; under it: {extra['under_bound_cold_step']}")  # fmt: skip
     path = save(f"recovery-trainer-{tag}", {"kills": kills, "world": world, "runs": runs, **extra})
     print(f"\nresults: {path}")
     return 0 if all(all(i["ok"] for i in r["invariants"]) for r in runs.values()) else 1

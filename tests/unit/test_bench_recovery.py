@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.recovery import REFERENCE_SKIP, ettr_vs_reference, reference_step_s
+from bench.recovery import REFERENCE_SKIP, ettr_vs_reference, mttr_bounds, reference_step_s
 
 
 def _steps(times: list[float]) -> list[dict[str, float]]:
@@ -35,3 +35,23 @@ def test_ettr_counts_the_commits_between_the_first_and_last_injection_against_th
     assert ettr_vs_reference(rep, 0.1) == pytest.approx(0.9)
     assert ettr_vs_reference(rep, 0.2) == 1.0  # at most 1
     assert ettr_vs_reference({"steps": _steps(times), "faults": faults[:1]}, 0.1) is None  # no window
+
+
+def test_the_100m_bound_is_given_with_the_hot_runs_step_and_with_the_cold_runs() -> None:
+    """A hot run whose steps were slowed (a spare warming beside them) has a looser bound; the
+    cold run's median step gives the stricter one, and each says how many kills are under it."""
+    faults = [
+        {"status": "injected", "detection_s": d, "next_commit_s": n} for d, n in ((1.4, 5.7), (1.5, 6.0), (2.0, 6.3))
+    ]
+    faults.append({"status": "not fired", "detection_s": None, "next_commit_s": None})
+    runs = {
+        "hot": {"faults": faults, "step_seconds": [4.0, 4.4, 4.5]},
+        "cold": {"faults": [], "step_seconds": [3.6, 3.7, 3.8]},
+    }
+    got = mttr_bounds(runs, gbps=2.0, state_gb=1.0)  # 2 x 1 GB / 2 GB/s = 1 s to move the state
+    assert got["median_step_s"] == 4.4 and got["bound_s"] == pytest.approx(1.5 + 4.4 + 1.0)
+    assert got["under_bound"] == "3/3"
+    assert got["cold_median_step_s"] == 3.7 and got["bound_cold_step_s"] == pytest.approx(1.5 + 3.7 + 1.0)
+    assert got["under_bound_cold_step"] == "2/3"  # 6.3 > 6.2
+    no_cold = mttr_bounds({"hot": runs["hot"]}, gbps=2.0, state_gb=1.0)
+    assert no_cold["bound_cold_step_s"] is None and no_cold["under_bound_cold_step"] is None
