@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from . import jobs, keys
 from .election import Election, NotLeader
 from .events import EventLog, Kind
+from .liveness import LeaderWatch, Vacancy
 from .store import Compare, Delete, EtcdError, Put, Store
 from .watch import KeptLease
 
@@ -89,6 +90,7 @@ class Controller:
         # stop() is called is seen by stop (its runner record is cleared: a clean hand-over)
         self._pass_lock = threading.Lock()
         self._last_outage_end: float | None = None  # a term that ended in an outage is not a job's fault
+        self._vacancy: Vacancy | None = None  # the dead leader whose lease this one revoked to lead
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -97,8 +99,14 @@ class Controller:
         while not self._stop.is_set():
             try:
                 self._register(role="standby")
-                if not self.election.campaign():
+                watch = LeaderWatch(self.store, self.id).start()  # a dead leader's closed connection
+                try:
+                    won = self.election.campaign()
+                finally:
+                    watch.stop()
+                if not won:
                     break
+                self._vacancy = watch.vacancy
                 self._register(role="leader")
                 self._lead()
             except EtcdError as e:
@@ -281,7 +289,11 @@ class Controller:
             self.update_state(rec.id, phase="PENDING", step=0, policy_version=0, trainer_epoch=0, checkpoint=None)
             self.event(rec.id, Kind.SUBMITTED, f"job {rec.id} accepted by controller {self.id}")
         elif leader_changed:
-            self.event(rec.id, Kind.LEADER, f"controller {self.id} took over as leader", token=self.election.token)
+            v = self._vacancy
+            how = {} if v is None else {"previous": v.leader, "detected_by": "connection", "revoked_at": v.at}
+            why = "" if v is None else f" ({v.leader}'s process ended: {v.how}; its lease revoked, not waited out)"
+            self.event(rec.id, Kind.LEADER, f"controller {self.id} took over as leader{why}",
+                       token=self.election.token, **how)  # fmt: skip
         if rec.desired.get("cancel"):
             # written first, whatever the driver is doing (a thread cannot be interrupted): the driver's
             # own writes require a live phase, so it cannot overwrite CANCELLED or commit a step after it

@@ -388,7 +388,7 @@ def controller(
     token = ensure_token(token_file or token_path())
     cid = id or f"{os.uname().nodename}-{os.getpid()}"
     app_ = create_app(store, token=token, served_by=cid, validate_spec=_validate_spec, metrics_path=_metrics_path,
-                      allow_kill=allow_kill,
+                      allow_kill=allow_kill, leadership=lambda: c.token if c.leads else 0,
                       remove_data=_remove_data)  # fmt: skip
     try:
         http = HttpServer(app_, http_host, http_port).start()

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from starlette.concurrency import run_in_threadpool
 
 from .. import events as event_log
-from .. import goodput, jobs, keys, service, worker_logs
+from .. import goodput, jobs, keys, liveness, service, worker_logs
 from ..store import EtcdError, EtcdUnavailable, Store
 from . import pages, views
 from .metrics import EtcdCollector
@@ -217,11 +217,14 @@ def create_app(
     stream_interval: float = 1.0,
     remove_data: Callable[[jobs.JobRecord], list[str]] | None = None,
     allow_kill: bool = False,
+    leadership: Callable[[], int] | None = None,
 ) -> FastAPI:
     """Build the app. ``token=None`` accepts mutations without a token (in-process use only).
     ``remove_data(rec)`` removes a deleted job's files where this host can reach them and
     returns what it removed. ``allow_kill``: serve the chaos route that SIGKILLs a worker
-    (``rrl controller --allow-kill``); off, it answers 403 naming the flag."""
+    (``rrl controller --allow-kill``); off, it answers 403 naming the flag.
+    ``leadership()``: this process's fencing token while it leads, else 0; it serves the
+    standbys' stream to a live leader (:mod:`controller.liveness`)."""
     timeline = Timeline()
     sampler_stop = threading.Event()
 
@@ -536,6 +539,15 @@ def create_app(
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get(f"{API}/leader/alive", include_in_schema=False)
+    async def leader_alive(token: Annotated[int, Query(ge=1)]) -> StreamingResponse:
+        """A line a second while this controller leads with ``token``, then ``bye``; a standby
+        that sees the stream end without ``bye`` knows this process is gone (409: not leading)."""
+        if leadership is None or leadership() != token:
+            raise HTTPException(409, f"this controller does not lead with token {token}")
+        body = liveness.alive_lines(lambda t: leadership() == t, token)
+        return StreamingResponse(body, media_type="text/plain", headers={"Cache-Control": "no-cache"})
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, Any]:

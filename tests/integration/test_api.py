@@ -54,7 +54,7 @@ class Ctl:
     def __init__(self, etcd: EtcdServer, cid: str, allow_kill: bool = True) -> None:
         self.store = etcd.store()
         app = create_app(self.store, token=TOKEN, served_by=cid, validate_spec=_validate_spec, stream_interval=0.2,
-                         allow_kill=allow_kill)  # fmt: skip
+                         allow_kill=allow_kill, leadership=lambda: self.c.token if self.c.leads else 0)  # fmt: skip
         self.http = HttpServer(app).start()
         self.url = self.http.url
         self.c = Controller(self.store, cid, ttl=2, info={"http": self.url}, interval=0.2)

@@ -5,16 +5,21 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from queue import Empty, Queue
 
+import httpx
 import pytest
 
 from controller import keys
 from controller.election import Election, NotLeader, fenced_txn
+from controller.http.api import create_app
+from controller.http.server import HttpServer
+from controller.liveness import PATH, LeaderWatch, _refused
 from controller.store import Put, Store
 from tests.conftest import REPO, EtcdServer
 
@@ -164,3 +169,83 @@ def test_election_in_process_resign_and_local_step_down(store: Store) -> None:
         assert time.monotonic() < deadline, "leader kept acting past its lease"
         time.sleep(0.05)
     b.resign()
+
+
+def test_a_killed_leader_is_replaced_through_its_closed_connection_not_its_lease(
+    etcd: EtcdServer, procs: list[Proc]
+) -> None:
+    """With a 30 s lease, a SIGKILLed leader is replaced long before its lease could expire: the
+    standby's stream to it ends without a goodbye and the standby revokes the lease. A stopped
+    leader (SIGSTOP) proves nothing and keeps leading; its key is the same after SIGCONT."""
+    ttl = 30
+    store = etcd.store()
+
+    def ctl(cid: str) -> Proc:
+        return Proc([sys.executable, "-m", "resilient_rl.cli", "controller", "--etcd", etcd.endpoint,
+                     "--id", cid, "--ttl", str(ttl)])  # fmt: skip
+
+    a = ctl("ctl-a")
+    procs.append(a)
+    _wait_leader(store, lambda lid: lid == "ctl-a", 30)
+    b = ctl("ctl-b")
+    procs.append(b)
+    deadline = time.monotonic() + 30
+    while store.get(keys.controller("ctl-b")) is None:
+        assert time.monotonic() < deadline, "standby did not register"
+        time.sleep(0.1)
+    time.sleep(2.0)  # the standby's stream to the leader is open (it connects within a poll)
+    leader_kv = store.get(keys.leader())
+    assert leader_kv is not None
+
+    os.killpg(a.p.pid, signal.SIGSTOP)  # silence: not a proof of death
+    time.sleep(6.0)  # > the stream's read timeout (3 beats + 2 s)
+    still = store.get(keys.leader())
+    assert still is not None and still.create_revision == leader_kv.create_revision, "a stopped leader was deposed"
+    os.killpg(a.p.pid, signal.SIGCONT)
+    time.sleep(2.0)  # the standby holds a stream again
+
+    killed = time.time()
+    os.killpg(a.p.pid, signal.SIGKILL)
+    a.p.wait()
+    new = _wait_leader(store, lambda lid: lid == "ctl-b", ttl - 5)  # the lease alone could not have gone yet
+    assert new == "ctl-b"
+    took = time.time() - killed
+    assert took < ttl - 5, f"took {took:.1f}s: the old lease ran out instead"
+
+
+def test_the_leader_stream_ends_with_bye_and_a_watch_revokes_only_the_lease_of_the_token_it_followed(
+    store: Store,
+) -> None:
+    x = Election(store, "x", ttl=5)
+    assert x.try_acquire()
+    app = create_app(store, token=None, leadership=lambda: x.token if x.is_leader else 0)
+    http = HttpServer(app).start()
+    try:
+        with httpx.Client(timeout=5) as client:
+            assert client.get(http.url + PATH, params={"token": x.token + 1}).status_code == 409
+            with client.stream("GET", http.url + PATH, params={"token": x.token}) as resp:
+                lines = resp.iter_lines()
+                assert next(lines) == "alive"
+                old = x.token
+                x.resign()  # a clean end: the stream says so
+                assert [ln for ln in lines if ln][-1] == "bye"
+    finally:
+        http.stop()
+
+    y = Election(store, "y", ttl=5)
+    assert y.try_acquire()
+    kv = store.get(keys.leader())
+    assert kv is not None
+    watch = LeaderWatch(store, "z")
+    watch._vacate("x", old, kv.lease, "connection closed", threading.Event())  # a stale token: y's lease stays
+    assert store.get(keys.leader()) == kv and watch.vacancy is None
+    watch._vacate("y", kv.create_revision, kv.lease, "connection closed", threading.Event())
+    assert store.get(keys.leader()) is None and watch.vacancy is not None and watch.vacancy.leader == "y"
+
+    with socket.socket() as s:  # a port nobody listens on refuses; that is what counts as a refusal
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(httpx.ConnectError) as err:
+        httpx.get(f"http://127.0.0.1:{port}{PATH}", timeout=2)
+    assert _refused(err.value)
+    assert not _refused(httpx.ConnectError("[Errno 113] No route to host"))
