@@ -101,6 +101,7 @@ def test_leader_killed_then_paused_job_keeps_its_workers(platform: LivePlatform,
     before = _wait_workers(platform, job, {"rollout": 2, "trainer": 2})
 
     name, pid = _leader(platform)
+    first_id = platform.store.get(keys.leader()).value.decode()  # type: ignore[union-attr]
     os.kill(pid, signal.SIGKILL)
     took = _wait_new_leader(platform, pid, TTL + 10)
     assert took <= TTL + 2, f"standby took {took:.1f}s to lead"
@@ -125,6 +126,11 @@ def test_leader_killed_then_paused_job_keeps_its_workers(platform: LivePlatform,
     kinds = [e["kind"] for e in evs]
     assert kinds.count("adopted") >= 2, kinds
     assert "rollout_fault" not in kinds, kinds
+    took_over = [e for e in evs if e["kind"] == "leader"]
+    # the SIGKILLed leader's stream to the standby closed: its lease revoked, not waited out; the
+    # SIGSTOPped one proved nothing that way, so its lease ran out
+    assert took_over[0].get("detected_by") == "connection" and took_over[0]["previous"] == first_id, took_over
+    assert all("detected_by" not in e for e in took_over[1:]), took_over
     adopted = [e for e in evs if e["kind"] == "adopted"]
     assert all(e["rollouts"] == 2 for e in adopted), adopted
     assert adopted[0]["trainers"] == 2, adopted  # the SIGKILL: every rank adopted (same pids, above)
