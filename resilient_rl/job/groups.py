@@ -536,12 +536,16 @@ class TrainerGroup:
         s = steps.pop()
         self.ranks, self.strategy = found, strategies.pop()
         self.spares.adopt_running(set(self.rank_names(world)))  # a previous leader's idle spares serve on
-        weights = None
-        if s > 0:
-            ws = A.find(self.ctx.actor_name("weights", 0))
-            kept = A.get(A.call(ws, "get", s)) if ws is not None else None
-            weights = kept[0] if kept else self.publish()
-        return s, dict(status[0].get("recent") or {}), weights
+        return s, dict(status[0].get("recent") or {}), self.weights_of(s)
+
+    def weights_of(self, s: int) -> Any:
+        """The handle of version ``s`` the weight store still holds, else published now (None at 0)."""
+        if s == 0:
+            return None
+        A = self.actors
+        ws = A.find(self.ctx.actor_name("weights", 0))
+        kept = A.get(A.call(ws, "get", s)) if ws is not None else None
+        return kept[0] if kept else self.publish()
 
     def start_retrying(self, k: int, world: int) -> Any:
         """:meth:`start`; a rank that dies meanwhile (node lost, OOM) costs one restart of the
@@ -851,8 +855,6 @@ class TrainerGroup:
         steps from the shadow copy). No process is started. The replayed state must show the
         sketch the commit of step ``k - 1`` recorded, else the cold path runs. False (nothing
         changed) when the rank did not die or no spare answers."""
-        from .checkpointing import choose_restore
-
         A, c = self.actors, self.ctx
         try:
             A.get(ref, timeout=0)
@@ -865,15 +867,56 @@ class TrainerGroup:
         taken = self._take_spare()
         if taken is None or store is None:
             return False
+        self._promote_alone(k, taken, store, why, cause="preempted" if preempted else "lost", preempted=preempted)
+        return True
+
+    def adopt_alone(self, k: int, why: str) -> bool:
+        """A take-over at world 1 whose rank did not answer (killed with the previous leader or
+        just before it, or stuck): an idle warm spare the previous leader left becomes rank 0 as
+        in :meth:`_recover_alone` (the shadow copy, a replay up to the committed step ``k``)
+        instead of a new process (a cold start: seconds of importing torch on the critical
+        path; the burst of BENCHMARKS section 5). True if done; False when it does not apply
+        (hot recovery off, another world or strategy, no spare answers, no weight store): the
+        caller takes the cold path, which keeps the spares taken in here. Raises if the
+        promoted spare's state misses the commit (the caller takes the cold path too)."""
+        A, c = self.actors, self.ctx
+        if not c.spec.trainer.hot_recovery or c.spec.trainer.spares < 1 or c.strategy() not in ("ddp", "fsdp"):
+            return False
+        self.strategy = c.strategy()
+        self.spares.adopt_running(set(self.rank_names(1)))
+        # their warm() answers at once for a warm spare; one still warming is given a lease TTL
+        deadline = time.monotonic() + c.spec.fault.lease_ttl + 5.0
+        while not self.spares.ready and self.spares.still_warming() and time.monotonic() < deadline:
+            c.check_leader()
+            time.sleep(0.05)
+        self.kill(keep_spares=True)  # the rank that did not answer, and any spare not taken in
+        store = A.find(c.actor_name("weights", 0))
+        taken = self._take_spare() if store is not None else None
+        if taken is None:
+            return False
+        if A.get(A.call(taken[1], "adopt", c.token, c.spec.digest()), timeout=30).get("strategy") != self.strategy:
+            A.kill(taken[1])  # warmed under the strategy before an ``rrl scale --strategy``
+            return False
+        self._promote_alone(k, taken, store, why, cause="take_over")
+        return True
+
+    def _promote_alone(
+        self, k: int, taken: tuple[str, Any], store: Any, why: str, *, cause: str, preempted: bool = False
+    ) -> None:
+        """Make the spare ``taken`` rank 0 of world 1 at committed step ``k`` (see :meth:`_recover_alone`)."""
+        from .checkpointing import choose_restore
+
+        A, c = self.actors, self.ctx
         name, spare = taken
         t0 = time.monotonic()
         if not preempted:
             self.faults.restart("trainer", backoff=False)
         c.event(Kind.PREEMPTED if preempted else Kind.TRAINER_RESTART,
                 f"{why}: hot {'hand-over' if preempted else 'recovery'} of rank 0 at step {k} by a warm spare",
-                world=1, group="trainer", cause="preempted" if preempted else "lost", resize=False, recovery="hot",
+                world=1, group="trainer", cause=cause, resize=False, recovery="hot",
                 lost=[0], survivors=[], step=k, worker=0)  # fmt: skip
-        self.actors.kill(self.ranks[0])
+        if self.ranks:
+            self.actors.kill(self.ranks[0])
         restore, s = choose_restore(c, k)
         shadow = self._usable_shadow(store, k, s, 1, self.strategy)
         if shadow is not None:
@@ -908,7 +951,6 @@ class TrainerGroup:
                 spares_used=1, source="shadow" if shadow is not None else "snapshot", replayed=k - s,
                 preempted=preempted)  # fmt: skip
         self.refill_after = k
-        return True
 
     def _next_epoch(self) -> int:
         """Count one more hot recovery in ``state.trainer_epoch`` (the group re-formed); the new epoch."""

@@ -230,12 +230,14 @@ class JobRunner:
         got = self.trainers.adopt(k, self._want("trainer"))
         if got is None and was_running:  # ranks lost or stuck while no leader watched: a fault too
             self.faults.detected(classify("trainer", cause="take_over"))
-            self.version, self.weights = (
-                k,
-                self.trainers.restart(
-                    k, self._want("trainer"), "trainer ranks not adoptable at take-over", cause="take_over"
-                ),
-            )
+            why = "trainer ranks not adoptable at take-over"
+            hot = self._adopt_alone(k, why) if self._want("trainer") == 1 else ""
+            self.version = k
+            if hot is None:
+                self.weights = self.trainers.weights_of(k)
+            else:
+                why, cause = (f"{why}; hot recovery failed ({hot})", "hot_failed") if hot else (why, "take_over")
+                self.weights = self.trainers.restart(k, self._want("trainer"), why, cause=cause)
         elif got is None:
             self.trainers.kill()
             self.version, self.weights = k, self.trainers.start_retrying(k, self._want("trainer"))
@@ -569,6 +571,19 @@ class JobRunner:
         except Exception as e:
             self.ctx.raise_if_stale(e)
             log.warning("job %s: hot recovery failed (%s): cold path", self.job, describe_error(e))
+            return describe_error(e)
+
+    def _adopt_alone(self, k: int, why: str) -> str | None:
+        """A take-over at world 1 whose rank is gone: a warm spare the previous leader left takes
+        its place (:meth:`TrainerGroup.adopt_alone`). None when it did; "" when it does not
+        apply; the error when it failed half-way (the caller takes the cold path either way)."""
+        try:
+            return None if self.trainers.adopt_alone(k, why) else ""
+        except (NotLeader, JobFailed):
+            raise
+        except Exception as e:
+            self.ctx.raise_if_stale(e)
+            log.warning("job %s: hot take-over failed (%s): cold path", self.job, describe_error(e))
             return describe_error(e)
 
     def _publish_again(self) -> str | None:

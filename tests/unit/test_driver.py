@@ -990,6 +990,65 @@ def test_a_new_leader_takes_over_the_idle_trainer_spare_and_a_fault_right_after_
     assert _digest_of_final_weights(job) == "0,1,2,3,4,5,6,7"
 
 
+def _leader_and_only_rank_lost(tmp_path: Path, **script: Any) -> tuple[Job, Any, int]:
+    """World 1: the leader is lost at a step >= 3 while its idle spare is warm, and its only rank
+    is killed with it (the soak's burst: a trainer kill, then a leader kill); a new leader takes
+    over. Returns the job, the spare the first leader left and the committed step at the take-over."""
+    job = Job(tmp_path, Script(collective=True, train_delay_s=0.05, **script), steps=8, trainer={"replicas": 1},
+              checkpoint={"every": 2})  # fmt: skip
+    first = job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 3 and job.layer.find("rrl:drv:trainer-spare:0") is not None)
+    job.c.leads = False
+    first.stop(final=False)
+    spare, rank = job.layer.find("rrl:drv:trainer-spare:0"), job.layer.find("rrl:drv:trainer:0")
+    assert spare is not None and rank is not None
+    job.layer.kill(rank)
+    k = int(job.c.state["step"])
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    return job, spare, k
+
+
+def test_a_new_leader_finding_the_only_rank_gone_promotes_the_idle_spare_instead_of_a_new_process(
+    tmp_path: Path,
+) -> None:
+    job, spare, k = _leader_and_only_rank_lost(tmp_path)
+    (restart,) = job.events("trainer_restart")
+    assert restart["recovery"] == "hot" and restart["cause"] == "take_over" and restart["step"] == k
+    (back,) = job.events("trainer_recovered")
+    assert back["recovery"] == "hot" and back["spares_used"] == 1 and back["replayed"] == k - 2 * (k // 2)
+    assert job.script.promoted == [spare.obj.serial]  # the previous leader's spare ...
+    assert job.created("trainer") == ["rrl:drv:trainer:0"]  # ... and no new rank process
+    trained = job.steps_trained()
+    assert all(trained[(s, 0)] == 1 for s in range(k, 8))  # every step from the take-over on applied once
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5,6,7"
+
+
+def test_a_take_over_spare_whose_replay_misses_the_commit_falls_back_to_a_cold_start(tmp_path: Path) -> None:
+    job, spare, k = _leader_and_only_rank_lost(tmp_path, bad_replay=1)
+    hot, cold = job.events("trainer_restart")
+    assert hot["recovery"] == "hot" and hot["cause"] == "take_over"
+    assert cold["recovery"] == "cold" and cold["cause"] == "hot_failed" and "not the committed one" in cold["message"]
+    assert job.script.promoted == [spare.obj.serial] and len(job.created("trainer")) == 2  # the new rank 0
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5,6,7"
+
+
+def test_a_take_over_without_a_spare_is_cold_and_exact(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(collective=True, train_delay_s=0.05), steps=6, trainer={"replicas": 1, "spares": 0})
+    first = job.lead()
+    job.wait(lambda: job.c.state.get("step", 0) >= 2)
+    job.c.leads = False
+    first.stop(final=False)
+    rank = job.layer.find("rrl:drv:trainer:0")
+    assert rank is not None
+    job.layer.kill(rank)
+    job.lead()
+    assert job.finish() == "SUCCEEDED"
+    (cold,) = job.events("trainer_restart")
+    assert cold["recovery"] == "cold" and cold["cause"] == "take_over"
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5"
+
+
 # -- the pipelined hand-offs (runner._committed): what is sent before the commit of step k --
 
 
