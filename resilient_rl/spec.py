@@ -614,6 +614,16 @@ class FaultSpec(_Section):
         why="a longer TTL only delays the detection of a lost worker",
         description="Membership lease TTL in seconds (etcd's minimum is ~2).",
     )
+    probe_timeout: float = Size(
+        5.0,
+        ge=0.0,
+        le=600.0,
+        why="past hang_timeout the step deadline finds the rank anyway; a longer probe only delays it",
+        description="Seconds a trainer rank has to answer a liveness call, sent once its train step runs "
+        "4x longer than the recent median step (at least 1 s). The call runs on the rank's control thread, "
+        "so a live rank answers in milliseconds even in a deadlocked collective; one that does not is frozen "
+        "(SIGSTOPped, a paused VM) and is replaced without waiting for hang_timeout. 0 turns the probe off.",
+    )
     membership: Literal["worker", "node"] = Field(
         "worker",
         description="Whose lease a worker's membership key hangs on. worker: a lease of its own, kept alive "

@@ -44,7 +44,13 @@ ROLES = ("rollout", "trainer")
 # ``@ray.method(concurrency_group=...)``; tests/unit/test_colocated.py holds this to it). The
 # rollout worker has none.
 GROUPS: dict[str, dict[str, str]] = {
-    "trainer": {"adopt": "control", "wait_snapshot": "io", "commit_snapshot": "io", "export": "export"},
+    "trainer": {
+        "adopt": "control",
+        "alive": "control",
+        "wait_snapshot": "io",
+        "commit_snapshot": "io",
+        "export": "export",
+    },
 }
 
 

@@ -261,6 +261,13 @@ class TrainerRank:
         return "cuda" if backend == "nccl" else "cpu"
 
     @ray.method(concurrency_group="control")
+    def alive(self) -> int:
+        """The driver's liveness probe (the deadline channel's fast half, ``JobRunner._frozen``):
+        answers on the control thread while a train step runs or blocks in a collective; a frozen
+        process (SIGSTOPped, a paused VM) does not answer at all."""
+        return os.getpid()
+
+    @ray.method(concurrency_group="control")
     def adopt(self, token: int, spec_digest: str) -> dict[str, Any]:
         """A (new) leader takes this rank over: raise the fence, report where the rank is.
 

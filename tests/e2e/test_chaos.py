@@ -91,4 +91,7 @@ def test_chaos_hardening_scenario_trainer_hang_journal_full_reward_hang_and_a_st
     assert {"rollout_fault", "rollout_hang"} & set(after), after
     assert "reward_errors" in [e["kind"] for e in rep["events"]]  # the hang's timeouts were counted
     early = [(e["kind"], e.get("message")) for e in rep["events"] if e["time"] < t_storm - 0.5]
+    # the SIGSTOPped rank: found by the liveness probe (fault.probe_timeout 1 s), well before hang_timeout
+    hangs = [e for e in rep["events"] if e["kind"] == "trainer_hang" and e["time"] < t_storm - 0.5]
+    assert hangs and hangs[0].get("channel") == "probe" and hangs[0]["detection_s"] < 5.0, hangs
     assert not [e for e in early if e[0] in ("failed", "rollout_hang")], early  # slow rewards are not a hang

@@ -538,7 +538,8 @@ def test_an_idle_rollout_worker_steals_groups_of_a_busy_workers_shard(platform: 
 
 @pytest.mark.timeout(600)
 def test_a_stopped_ddp_rank_is_found_by_its_lease_and_replaced_hot(platform: LivePlatform, tmp_path: Path) -> None:
-    """World 2, DDP, hang_timeout 60 s: SIGSTOP rank 1 for 3 x hang_timeout. Ray still calls it
+    """World 2, DDP, hang_timeout 60 s, the liveness probe off (it is the hardening chaos scenario's
+    channel): SIGSTOP rank 1 for 3 x hang_timeout. Ray still calls it
     alive; its membership key goes, and the runner kills it well within hang_timeout + TTL
     and replaces it hot. The SIGCONT then finds no process: nothing the stopped rank could do
     lands, and rank 1's member record is the newcomer's. With node-level leases
@@ -547,9 +548,9 @@ def test_a_stopped_ddp_rank_is_found_by_its_lease_and_replaced_hot(platform: Liv
     work = tmp_path / "stopped"
     steps = 10
     ttl, hang = 3, 60.0
+    fault = {"hang_timeout": hang, "lease_ttl": ttl, "membership": "node", "probe_timeout": 0}  # (it races the lease)
     job = platform.submit(_spec("e2e-stopped", work, steps=steps, trainer={"replicas": 2, "shadow_every": 0},
-                                checkpoint={"dir": str(work), "every": 50},
-                                fault={"hang_timeout": hang, "lease_ttl": ttl, "membership": "node"}))  # fmt: skip
+                                checkpoint={"dir": str(work), "every": 50}, fault=fault))  # fmt: skip
     _wait_step(platform, job, 3)
     before = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
     leases = {kv.lease for kv in platform.store.range(keys.members(job))[0]}

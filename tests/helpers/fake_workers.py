@@ -66,6 +66,9 @@ class Script:
     # (step, rank): that rank dies after the step's collective, having applied it, before it returns
     kill_rank_after: set[tuple[int, int]] = field(default_factory=set)
     hang_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank hangs in train_step
+    # (step, rank): that rank's process freezes in train_step (SIGSTOP): its liveness calls do not answer either
+    freeze_rank_at: set[tuple[int, int]] = field(default_factory=set)
+    probes: int = 0  # liveness calls answered (FakeTrainer.alive)
     fail_start: int = 0  # trainer ranks that die in setup (each one counts down)
     unreachable_start: int = 0  # trainer ranks whose setup finds them unreachable (ActorUnavailableError)
     shard_delay_s: float = 0.0
@@ -354,7 +357,7 @@ class FakeTrainer:
         if spare is None and self._script.on_rank is not None:
             self._script.on_rank(rank)
         self.spec = JobSpec.model_validate_json(spec_json)
-        self.warmed = False
+        self.warmed = self._frozen = False
         self.strategy = strategy or "ddp"
         self.journal = Journal(Path(workdir) / "journal")
         self.serial = next(_serial)
@@ -500,6 +503,13 @@ class FakeTrainer:
         return {"rank": self.rank, "step": self.step, "digest": self.digest(), "threads": 1, "strategy": self.strategy}
 
     @ray.method(concurrency_group="control")
+    def alive(self) -> int:
+        if getattr(self, "_frozen", False):
+            _hang(self)
+        self._script.probes += 1
+        return self.serial
+
+    @ray.method(concurrency_group="control")
     def adopt(self, token: int, spec_digest: str) -> dict[str, Any]:
         check_fence(self.fence, token, "adopt")
         self.fence = token
@@ -530,7 +540,9 @@ class FakeTrainer:
                 if s.collective:
                     s.break_collective(step)
                 _die(self)
-            if s.fire(s.hang_rank_at, (step, self.rank)):
+            if s.fire(s.freeze_rank_at, (step, self.rank)):
+                self._frozen = True
+            if self._frozen or s.fire(s.hang_rank_at, (step, self.rank)):
                 try:
                     _hang(self)
                 finally:  # killed while frozen: its peers' collective fails (the connection closes)

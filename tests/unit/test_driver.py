@@ -836,6 +836,56 @@ def test_a_trainer_rank_whose_lease_expired_is_killed_and_replaced_hot(tmp_path:
     assert _digest_of_final_weights(job) == "0,1,2,3,4"
 
 
+def test_a_frozen_trainer_rank_is_found_by_the_probe_and_replaced_hot(tmp_path: Path) -> None:
+    """The deadline channel's fast half: rank 1's process freezes in step 3 (SIGSTOP: alive for
+    the actor layer, its liveness call unanswered too). Its step runs past 1 s (the floor of 4x
+    the median step), both ranks are probed, rank 1 stays silent for ``probe_timeout`` and is
+    killed: the hot path replaces it long before the 600 s step deadline."""
+    job = Job(tmp_path, Script(collective=True, freeze_rank_at={(3, 1)}), steps=5,
+              fault={"hang_timeout": 600, "probe_timeout": 0.5})  # fmt: skip
+    job.lead()
+    assert job.finish(timeout=60) == "SUCCEEDED"
+    (hang,) = job.events("trainer_hang")
+    assert hang["channel"] == "probe" and hang["worker"] == 1 and 1.5 <= hang["detection_s"] < 10, hang
+    assert [e["recovery"] for e in job.events("trainer_restart")] == ["hot"]
+    assert job.script.probes >= 1  # rank 0 answered its call: it was not killed
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_at_world_one_a_frozen_rank_found_by_the_probe_hands_over_to_the_spare(tmp_path: Path) -> None:
+    job = Job(tmp_path, Script(freeze_rank_at={(3, 0)}), steps=5, trainer={"replicas": 1},
+              fault={"hang_timeout": 600, "probe_timeout": 0.5})  # fmt: skip
+    job.lead()
+    assert job.finish(timeout=60) == "SUCCEEDED"
+    (hang,) = job.events("trainer_hang")
+    assert hang["channel"] == "probe" and hang["worker"] == 0, hang
+    (restart,) = job.events("trainer_restart")
+    assert restart["recovery"] == "hot" and restart["lost"] == [0], restart
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
+def test_a_rank_that_answers_the_probe_is_left_to_the_step_deadline(tmp_path: Path) -> None:
+    """A deadlocked rank (its step blocks, its control thread answers) is not frozen: the probe
+    leaves it alone, and the step deadline (``hang_timeout``) finds it. With the probe off
+    (``probe_timeout: 0``) a frozen rank is found by that deadline too, and nothing is probed."""
+    job = Job(tmp_path / "a", Script(hang_rank_at={(2, 0)}, train_delay_s=0.02), steps=4, trainer={"replicas": 1},
+              fault={"hang_timeout": 3.5, "probe_timeout": 0.5})  # fmt: skip
+    job.lead()
+    assert job.finish(timeout=60) == "SUCCEEDED"
+    (hang,) = job.events("trainer_hang")
+    assert hang["channel"] == "deadline" and hang["detection_s"] >= 3.5, hang
+    assert job.script.probes >= 2  # probed at 1 s, and again 1 s after its answer was seen
+    assert _digest_of_final_weights(job) == "0,1,2,3"
+
+    off = Job(tmp_path / "b", Script(freeze_rank_at={(2, 0)}, train_delay_s=0.02), steps=4, trainer={"replicas": 1},
+              fault={"hang_timeout": 1.5, "probe_timeout": 0})  # fmt: skip
+    off.lead()
+    assert off.finish(timeout=60) == "SUCCEEDED"
+    (hang,) = off.events("trainer_hang")
+    assert hang["channel"] == "deadline" and off.script.probes == 0, hang
+    assert _digest_of_final_weights(off) == "0,1,2,3"
+
+
 def test_a_lease_watch_counts_only_workers_it_saw_and_waits_a_ttl() -> None:
     from resilient_rl.job.faults import LeaseWatch
 
