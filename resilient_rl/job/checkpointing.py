@@ -27,6 +27,7 @@ from controller.events import Kind
 
 from ..errors import worker_cause
 from .context import JobContext
+from .faults import LivenessProbe
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,10 @@ class SnapshotFlow:
         if not self.due(step):
             return
         calls = [A.call(t, "snapshot", str(self.root), self.ctx.token) for t in self.group.ranks]
-        # a deadline: a frozen rank must not hold the step loop here (the loop's hang check catches it);
-        # the rollouts are served meanwhile (what that raises is the step loop's, not the snapshot's)
-        self.group.wait_all(calls, timeout=self.deadline_s())
+        # a deadline, and the liveness probe: a frozen rank must not hold the step loop here (killed, the
+        # loop sees it lost); the rollouts are served meanwhile (what that raises is the loop's, not the snapshot's)
+        probe = LivenessProbe(self.ctx, self.group.ranks, f"the snapshot at step {step}", self.blocking_s)
+        self.group.wait_all(calls, timeout=self.deadline_s(), probe=probe)
         try:
             started = A.get(calls, timeout=0)
         except Exception as e:  # a rank died or hangs while staging: no snapshot; the step loop sees it next
@@ -95,7 +97,10 @@ class SnapshotFlow:
             errors = [f"{type(worker_cause(e)).__name__}: {str(worker_cause(e))[:300]}"]
         if not errors:
             call = A.call(self.group.ranks[0], "commit_snapshot", str(self.root), step, meta)
-            self.group.wait_all([call], timeout=self.deadline_s())  # serving the rollouts (outside the try)
+            probe = LivenessProbe(self.ctx, self.group.ranks[:1], f"the manifest of step {step}", self.blocking_s)
+            self.group.wait_all(
+                [call], timeout=self.deadline_s(), probe=probe
+            )  # serving the rollouts (outside the try)
             try:
                 info = A.get(call, timeout=0)
             except Exception as e:  # the manifest write failed or ran past its deadline

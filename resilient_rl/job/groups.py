@@ -28,7 +28,7 @@ from controller.events import Kind
 from ..errors import describe_error
 from .actors import Placement, actor_died, create_fresh, unreachable
 from .context import JobContext, live, trainer_runtime_env
-from .faults import FaultPolicy
+from .faults import FaultPolicy, LivenessProbe
 from .spares import SparePool
 
 log = logging.getLogger(__name__)
@@ -595,13 +595,16 @@ class TrainerGroup:
             A.wait([*pending, *served], num_returns=1, timeout=0.2 if left is None else min(0.2, left))
             served = self.pump()
 
-    def wait_all(self, refs: list[Any], timeout: float | None = None) -> bool:
+    def wait_all(self, refs: list[Any], timeout: float | None = None, probe: LivenessProbe | None = None) -> bool:
         """Wait until every call of ``refs`` has ended (failed or not: nothing is raised), serving
-        :attr:`pump` meanwhile as :meth:`_get` does; False if ``timeout`` passed first."""
+        :attr:`pump` meanwhile as :meth:`_get` does; False if ``timeout`` passed first. With a
+        ``probe``, a rank found frozen meanwhile is killed (its calls then end, failed)."""
         A = self.actors
         end = None if timeout is None else time.monotonic() + timeout
         served: list[Any] = self.pump()
         while True:
+            if probe is not None:
+                probe.check()
             _, pending = A.wait(refs, num_returns=len(refs), timeout=0)
             left = None if end is None else max(0.0, end - time.monotonic())
             if not pending or left == 0.0:

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from .checkpointing import SnapshotFlow, close_inflight
 from .colocated import ColocatedActors, colocated_placement
 from .committer import StepCommitter
 from .context import JobContext, JobRecords, committable, live  # noqa: F401  (committable: re-exported)
-from .faults import FaultPolicy, LeaseWatch, classify
+from .faults import FaultPolicy, LeaseWatch, LivenessProbe, classify
 from .groups import RolloutGroup, TrainerGroup
 from .scheduler import ShardScheduler
 
@@ -79,8 +79,7 @@ class Training:
     refs: list[Any]
     sent: float  # monotonic (moved on by time this process did not run)
     sent_at: float = 0.0  # wall clock, for the metrics line's trace
-    probes: dict[int, tuple[Any, float]] = field(default_factory=dict)  # rank -> its liveness call, when sent
-    probed: float = 0.0  # monotonic time the ranks last all answered one (see JobRunner._frozen)
+    probe: LivenessProbe | None = None  # the frozen-rank check over this step (fault.probe_timeout)
 
 
 class JobRunner:
@@ -110,7 +109,7 @@ class JobRunner:
         self._paused_at = self._space_checked = 0.0
         self.slowest_train_s = 0.0  # the slowest train step this runner saw (the hang limit's scale)
         self.train_s: deque[float] = deque(maxlen=20)  # the recent train steps' seconds (the probe's scale)
-        self._wake_at = 0.0  # monotonic: a pass is due by then (a probe to send or to judge, see _frozen)
+        self._wake_at = 0.0  # monotonic: a pass is due by then (a probe to send or to judge, LivenessProbe)
         self._last_pass = 0.0  # monotonic time of the loop's last pass (see _housekeep)
         self._stop = threading.Event()
         self.actors: Actors = actors if actors is not None else RayActors()
@@ -401,8 +400,10 @@ class JobRunner:
     def _train(self, k: int, batch: dict[int, dict[str, Any]]) -> Training:
         self.committer.check_staleness(k, batch)
         A = self.actors
+        usual = sorted(self.train_s)[len(self.train_s) // 2] if self.train_s else None  # the recent median
+        probe = LivenessProbe(self.ctx, self.trainers.ranks, f"train step {k}", usual)
         return Training(k, [A.call(t, "train_step", k, True, self.token) for t in self.trainers.ranks],
-                        time.monotonic(), time.time())  # fmt: skip
+                        time.monotonic(), time.time(), probe)  # fmt: skip
 
     def _wait(self, watched: list[Any]) -> list[Any]:
         """Block until something happened (at most 1 s), then take *everything* ready (no starvation)."""
@@ -420,8 +421,11 @@ class JobRunner:
         A = self.actors
         finished, unfinished = A.wait(train.refs, num_returns=len(train.refs), timeout=0)
         lost = _actor_error(A, finished)
-        if lost is None and unfinished and self._frozen(train):
-            return None  # a frozen rank was killed: the next pass sees it lost, and the hot path serves
+        if lost is None and unfinished and train.probe is not None:
+            killed = train.probe.check()
+            self._wake_at = train.probe.wake_at
+            if killed:
+                return None  # a frozen rank was killed: the next pass sees it lost, and the hot path serves
         hung = self._trainer_hung(train.sent) if lost is None and unfinished else None
         if lost is not None and (r0 := self._whole_on_rank0(train)) is not None:
             return WholeThenLost([r0], lost, f"trainer rank lost ({type(lost).__name__}) after step {train.step} "
@@ -447,49 +451,6 @@ class JobRunner:
         self.slowest_train_s = max(self.slowest_train_s, time.monotonic() - train.sent)
         self.train_s.append(time.monotonic() - train.sent)
         return results
-
-    def _frozen(self, train: Training) -> bool:
-        """The deadline channel's fast half (``fault.probe_timeout``): once a train step has run
-        four times the recent median step (at least 1 s), every rank is sent a liveness call
-        (``alive``, on its control thread: a live rank answers in milliseconds, also while it
-        blocks in a collective), and again each time as long after the last answers. A rank
-        that has not answered within ``probe_timeout`` is frozen (SIGSTOPped, a paused VM: Ray
-        still calls it ALIVE, and its peers would wait in their collective until
-        ``hang_timeout``); it is killed, so that its call fails and the next pass sees a lost
-        rank. A rank that answers but does not finish is left to the step deadline
-        (:meth:`_trainer_hung`). True if one was killed."""
-        timeout = self.spec.fault.probe_timeout
-        if not timeout or not self.train_s:  # off, or no step seen yet (the first pays start-up costs)
-            return False
-        A, now = self.actors, time.monotonic()
-        if train.probes:
-            refs = [ref for ref, _ in train.probes.values()]
-            ready = A.wait(refs, num_returns=len(refs), timeout=0)[0]
-            late = {
-                i: now - sent for i, (ref, sent) in train.probes.items() if ref not in ready and now - sent >= timeout
-            }
-            if not late:
-                if len(ready) == len(refs):
-                    train.probes, train.probed = {}, now
-                else:
-                    self._wake_at = min(sent for _, sent in train.probes.values()) + timeout
-                return False
-            took = round(now - train.sent, 2)
-            for i, silent in sorted(late.items()):
-                self.ctx.event(Kind.TRAINER_HANG, f"trainer rank {i} did not answer a liveness call in {silent:.1f}s "
-                               f"(probe_timeout {timeout:g}s) {took:.1f}s into step {train.step}: frozen; killing it",
-                               group="trainer", worker=i, channel="probe", detection_s=took)  # fmt: skip
-                A.kill(self.trainers.ranks[i])
-            train.probes = {}
-            return True
-        suspect = max(1.0, 4 * sorted(self.train_s)[len(self.train_s) // 2])
-        due = max(train.sent, train.probed) + suspect
-        if now < due:
-            self._wake_at = due
-            return False
-        train.probes = {i: (A.call(r, "alive"), now) for i, r in enumerate(self.trainers.ranks)}
-        self._wake_at = now + timeout
-        return False
 
     def _recover(self, train: Training, why: str, cause: str, *, lost: bool) -> None:
         """Bring the trainer group back at step ``train.step`` (to be trained next): hot for a lost

@@ -68,6 +68,7 @@ class Script:
     hang_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank hangs in train_step
     # (step, rank): that rank's process freezes in train_step (SIGSTOP): its liveness calls do not answer either
     freeze_rank_at: set[tuple[int, int]] = field(default_factory=set)
+    freeze_snapshot_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): ... in its snapshot's staging
     probes: int = 0  # liveness calls answered (FakeTrainer.alive)
     fail_start: int = 0  # trainer ranks that die in setup (each one counts down)
     unreachable_start: int = 0  # trainer ranks whose setup finds them unreachable (ActorUnavailableError)
@@ -596,6 +597,9 @@ class FakeTrainer:
 
     def snapshot(self, root: str, token: int) -> dict[str, Any]:
         check_fence(self.fence, token, "snapshot")
+        if self._script.fire(self._script.freeze_snapshot_at, (self.step, self.rank)):
+            self._frozen = True
+            _hang(self)
         t0 = time.monotonic()
         time.sleep(self._script.snapshot_delay_s.get(self.step, 0.0))  # a rank slow to stage (frozen, starved)
         with self._script.lock:

@@ -864,6 +864,24 @@ def test_at_world_one_a_frozen_rank_found_by_the_probe_hands_over_to_the_spare(t
     assert _digest_of_final_weights(job) == "0,1,2,3,4"
 
 
+def test_a_rank_frozen_while_staging_a_snapshot_is_found_by_the_probe_not_the_staging_deadline(
+    tmp_path: Path,
+) -> None:
+    """Found in the hardening chaos scenario: a rank SIGSTOPped as its snapshot's staging began
+    held the step loop for the staging deadline (max(10 s, 4 x hang_timeout)), then the lease.
+    The staging wait probes the ranks as a train step does: the frozen one is killed within
+    about 1 s + ``probe_timeout``, the snapshot fails, and the lost rank takes the hot path."""
+    job = Job(tmp_path, Script(freeze_snapshot_at={(2, 0)}), steps=5, trainer={"replicas": 1},
+              fault={"hang_timeout": 600, "probe_timeout": 0.5})  # fmt: skip
+    job.lead()
+    assert job.finish(timeout=60) == "SUCCEEDED"
+    (hang,) = job.events("trainer_hang")
+    assert hang["channel"] == "probe" and "snapshot at step 2" in hang["message"] and hang["detection_s"] < 10, hang
+    assert [e["step"] for e in job.events("snapshot_failed")] == [2]
+    assert [e["recovery"] for e in job.events("trainer_restart")] == ["hot"]
+    assert _digest_of_final_weights(job) == "0,1,2,3,4"
+
+
 def test_a_rank_that_answers_the_probe_is_left_to_the_step_deadline(tmp_path: Path) -> None:
     """A deadlocked rank (its step blocks, its control thread answers) is not frozen: the probe
     leaves it alone, and the step deadline (``hang_timeout``) finds it. With the probe off
