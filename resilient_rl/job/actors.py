@@ -146,7 +146,7 @@ def _role_class(role: str) -> Any:
     if role == "rollout":
         from ..workers.rollout import RolloutWorker
 
-        return ray.remote(RolloutWorker)
+        return _remote_class(RolloutWorker)
     if role == "trainer":
         from ..workers.trainer import trainer_actor
 

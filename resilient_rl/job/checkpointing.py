@@ -27,7 +27,7 @@ from controller.events import Kind
 
 from ..errors import worker_cause
 from .context import JobContext
-from .faults import LivenessProbe
+from .faults import TrainerProbe
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class SnapshotFlow:
         calls = [A.call(t, "snapshot", str(self.root), self.ctx.token) for t in self.group.ranks]
         # a deadline, and the liveness probe: a frozen rank must not hold the step loop here (killed, the
         # loop sees it lost); the rollouts are served meanwhile (what that raises is the loop's, not the snapshot's)
-        probe = LivenessProbe(self.ctx, self.group.ranks, f"the snapshot at step {step}", self.blocking_s)
+        probe = TrainerProbe(self.ctx, self.group.ranks, f"the snapshot at step {step}", self.blocking_s)
         self.group.wait_all(calls, timeout=self.deadline_s(), probe=probe)
         try:
             started = A.get(calls, timeout=0)
@@ -97,7 +97,7 @@ class SnapshotFlow:
             errors = [f"{type(worker_cause(e)).__name__}: {str(worker_cause(e))[:300]}"]
         if not errors:
             call = A.call(self.group.ranks[0], "commit_snapshot", str(self.root), step, meta)
-            probe = LivenessProbe(self.ctx, self.group.ranks[:1], f"the manifest of step {step}", self.blocking_s)
+            probe = TrainerProbe(self.ctx, self.group.ranks[:1], f"the manifest of step {step}", self.blocking_s)
             self.group.wait_all(
                 [call], timeout=self.deadline_s(), probe=probe
             )  # serving the rollouts (outside the try)

@@ -41,8 +41,7 @@ from .context import trainer_runtime_env
 ROLES = ("rollout", "trainer")
 
 # The trainer's methods that run in a concurrency group of their own (``TrainerRank``'s
-# ``@ray.method(concurrency_group=...)``; tests/unit/test_colocated.py holds this to it). The
-# rollout worker has none.
+# ``@ray.method(concurrency_group=...)``; tests/unit/test_colocated.py holds this to it).
 GROUPS: dict[str, dict[str, str]] = {
     "trainer": {
         "adopt": "control",
@@ -51,6 +50,7 @@ GROUPS: dict[str, dict[str, str]] = {
         "commit_snapshot": "io",
         "export": "export",
     },
+    "rollout": {"alive": "control"},
 }
 
 

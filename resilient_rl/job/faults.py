@@ -178,53 +178,68 @@ class LeaseWatch:
 
 
 class LivenessProbe:
-    """The deadline channel's fast half (``fault.probe_timeout``), over one wait on the trainer
-    ranks (a train step, a snapshot's staging or manifest): once the wait has run ``suspect_s``
-    (four times what it usually takes, at least 1 s), every rank is sent a liveness call
-    (``alive``, on its control thread: a live rank answers in milliseconds, also while it blocks
-    in a collective), and again ``suspect_s`` after the last answers. A rank that has not
-    answered within ``probe_timeout`` is frozen (SIGSTOPped, a paused VM: Ray still calls it
-    ALIVE, and its peers would wait in their collective for ``hang_timeout``): it is killed, with
-    a ``trainer_hang`` event of channel ``probe``, so that its calls fail and the wait's owner
-    sees a lost rank. A rank that answers but does not finish is left to the wait's own deadline.
-    ``usual_s`` None: off (nothing seen yet to scale by, the first step's start-up costs)."""
+    """The deadline channel's fast half (``fault.probe_timeout``), over one wait on workers (a
+    train step, a snapshot's staging or manifest, a rollout shard): once the wait has run
+    ``suspect_s`` (four times what it usually takes, at least 1 s), each worker is sent a liveness
+    call (``alive``, on its control thread: a live worker answers in milliseconds, also while it
+    computes or blocks in a collective), and again ``suspect_s`` after the last answers. One that
+    has not answered within ``timeout`` is frozen (SIGSTOPped, a paused VM: Ray still calls it
+    ALIVE, and its peers would wait in their collective for ``hang_timeout``). A worker that
+    answers but does not finish is left to the wait's own deadline. Once one is found frozen the
+    probe stops: its owner recovers. ``usual_s`` None or ``timeout`` 0: off."""
 
-    def __init__(self, ctx: JobContext, ranks: list[Any], what: str, usual_s: float | None) -> None:
-        self.ctx, self.ranks, self.what = ctx, list(ranks), what
-        self.timeout = float(ctx.spec.fault.probe_timeout) if usual_s is not None else 0.0
+    def __init__(
+        self, actors: Any, targets: dict[int, Any], timeout: float, usual_s: float | None, started: float | None = None
+    ) -> None:
+        self.actors, self.targets = actors, dict(targets)
+        self.timeout = float(timeout) if usual_s is not None else 0.0
         self.suspect_s = max(1.0, 4.0 * (usual_s or 0.0))
-        self.started = self.probed = time.monotonic()
-        self.out: dict[int, tuple[Any, float]] = {}  # rank -> its liveness call, when sent
+        self.started = self.probed = time.monotonic() if started is None else started
+        self.out: dict[int, tuple[Any, float]] = {}  # worker -> its liveness call, when sent
         self.wake_at = self.started + self.suspect_s if self.timeout else float("inf")
 
-    def check(self) -> bool:
-        """Send the probes or judge them, as due (call on every pass of the wait, by
-        :attr:`wake_at`); True if a frozen rank was killed now."""
+    def check(self) -> dict[int, float]:
+        """Send the probes or judge them, as due (call on every pass of the wait; the next is due
+        by :attr:`wake_at`): the workers found frozen now -> how long each was silent."""
         if not self.timeout:
-            return False
-        A, now = self.ctx.actors, time.monotonic()
+            return {}
+        A, now = self.actors, time.monotonic()
         if self.out:
             refs = [ref for ref, _ in self.out.values()]
             ready = A.wait(refs, num_returns=len(refs), timeout=0)[0]
             late = {i: now - at for i, (ref, at) in self.out.items() if ref not in ready and now - at >= self.timeout}
-            if not late:
-                if len(ready) == len(refs):
-                    self.out, self.probed = {}, now
-                    self.wake_at = now + self.suspect_s
-                else:
-                    self.wake_at = min(at for _, at in self.out.values()) + self.timeout
-                return False
-            took = round(now - self.started, 2)
-            for i, silent in sorted(late.items()):
-                self.ctx.event(Kind.TRAINER_HANG, f"trainer rank {i} did not answer a liveness call in {silent:.1f}s "
-                               f"(fault.probe_timeout {self.timeout:g}s), {took:.1f}s into {self.what}: frozen; "
-                               "killing it", group="trainer", worker=i, channel="probe", detection_s=took)  # fmt: skip
-                A.kill(self.ranks[i])
-            self.out, self.timeout, self.wake_at = {}, 0.0, float("inf")  # once per wait: the owner recovers
-            return True
+            if late:
+                self.out, self.timeout, self.wake_at = {}, 0.0, float("inf")
+                return late
+            if len(ready) == len(refs):
+                self.out, self.probed = {}, now
+                self.wake_at = now + self.suspect_s
+            else:
+                self.wake_at = min(at for _, at in self.out.values()) + self.timeout
+            return {}
         if now < self.probed + self.suspect_s:
             self.wake_at = self.probed + self.suspect_s
-            return False
-        self.out = {i: (A.call(r, "alive"), now) for i, r in enumerate(self.ranks)}
+            return {}
+        self.out = {i: (A.call(w, "alive"), now) for i, w in self.targets.items()}
         self.wake_at = now + self.timeout
-        return False
+        return {}
+
+
+class TrainerProbe(LivenessProbe):
+    """:class:`LivenessProbe` over the trainer ranks in one wait of the leader (``what``): a rank
+    found frozen is killed, with a ``trainer_hang`` event of channel ``probe``, so that its calls
+    fail (and its peers' collective with it) and the wait's owner sees a lost rank."""
+
+    def __init__(self, ctx: JobContext, ranks: list[Any], what: str, usual_s: float | None) -> None:
+        super().__init__(ctx.actors, dict(enumerate(ranks)), ctx.spec.fault.probe_timeout, usual_s)
+        self.ctx, self.what = ctx, what
+
+    def check(self) -> dict[int, float]:
+        timeout, frozen = self.timeout, super().check()
+        took = round(time.monotonic() - self.started, 2)
+        for i, silent in sorted(frozen.items()):
+            self.ctx.event(Kind.TRAINER_HANG, f"trainer rank {i} did not answer a liveness call in {silent:.1f}s "
+                           f"(fault.probe_timeout {timeout:g}s), {took:.1f}s into {self.what}: frozen; killing it",
+                           group="trainer", worker=i, channel="probe", detection_s=took)  # fmt: skip
+            self.actors.kill(self.targets[i])
+        return frozen

@@ -28,7 +28,7 @@ from controller.events import Kind
 from ..errors import describe_error
 from .actors import Placement, actor_died, create_fresh, unreachable
 from .context import JobContext, live, trainer_runtime_env
-from .faults import FaultPolicy, LivenessProbe
+from .faults import FaultPolicy, TrainerProbe
 from .spares import SparePool
 
 log = logging.getLogger(__name__)
@@ -595,7 +595,7 @@ class TrainerGroup:
             A.wait([*pending, *served], num_returns=1, timeout=0.2 if left is None else min(0.2, left))
             served = self.pump()
 
-    def wait_all(self, refs: list[Any], timeout: float | None = None, probe: LivenessProbe | None = None) -> bool:
+    def wait_all(self, refs: list[Any], timeout: float | None = None, probe: TrainerProbe | None = None) -> bool:
         """Wait until every call of ``refs`` has ended (failed or not: nothing is raised), serving
         :attr:`pump` meanwhile as :meth:`_get` does; False if ``timeout`` passed first. With a
         ``probe``, a rank found frozen meanwhile is killed (its calls then end, failed)."""

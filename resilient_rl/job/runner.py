@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ from .checkpointing import SnapshotFlow, close_inflight
 from .colocated import ColocatedActors, colocated_placement
 from .committer import StepCommitter
 from .context import JobContext, JobRecords, committable, live  # noqa: F401  (committable: re-exported)
-from .faults import FaultPolicy, LeaseWatch, LivenessProbe, classify
+from .faults import FaultPolicy, LeaseWatch, TrainerProbe, classify
 from .groups import RolloutGroup, TrainerGroup
 from .scheduler import ShardScheduler
 
@@ -79,7 +80,7 @@ class Training:
     refs: list[Any]
     sent: float  # monotonic (moved on by time this process did not run)
     sent_at: float = 0.0  # wall clock, for the metrics line's trace
-    probe: LivenessProbe | None = None  # the frozen-rank check over this step (fault.probe_timeout)
+    probe: TrainerProbe | None = None  # the frozen-rank check over this step (fault.probe_timeout)
 
 
 class JobRunner:
@@ -109,7 +110,7 @@ class JobRunner:
         self._paused_at = self._space_checked = 0.0
         self.slowest_train_s = 0.0  # the slowest train step this runner saw (the hang limit's scale)
         self.train_s: deque[float] = deque(maxlen=20)  # the recent train steps' seconds (the probe's scale)
-        self._wake_at = 0.0  # monotonic: a pass is due by then (a probe to send or to judge, LivenessProbe)
+        self._wake_at = 0.0  # monotonic: a pass is due by then (a probe to send or to judge, TrainerProbe)
         self._last_pass = 0.0  # monotonic time of the loop's last pass (see _housekeep)
         self._stop = threading.Event()
         self.actors: Actors = actors if actors is not None else RayActors()
@@ -401,7 +402,7 @@ class JobRunner:
         self.committer.check_staleness(k, batch)
         A = self.actors
         usual = sorted(self.train_s)[len(self.train_s) // 2] if self.train_s else None  # the recent median
-        probe = LivenessProbe(self.ctx, self.trainers.ranks, f"train step {k}", usual)
+        probe = TrainerProbe(self.ctx, self.trainers.ranks, f"train step {k}", usual)
         return Training(k, [A.call(t, "train_step", k, True, self.token) for t in self.trainers.ranks],
                         time.monotonic(), time.time(), probe)  # fmt: skip
 
@@ -410,7 +411,7 @@ class JobRunner:
         if not watched:
             time.sleep(0.2)
             return []
-        left = self._wake_at - time.monotonic()  # a probe due sooner (past: the pass that was due ran)
+        left = min(self._wake_at, self.shards.wake_at) - time.monotonic()  # a probe due sooner (past: it ran)
         self.actors.wait(watched, num_returns=1, timeout=min(1.0, max(0.01, left)) if left > 0 else 1.0)
         return self.actors.wait(watched, num_returns=len(watched), timeout=0)[0]
 
@@ -422,7 +423,7 @@ class JobRunner:
         finished, unfinished = A.wait(train.refs, num_returns=len(train.refs), timeout=0)
         lost = _actor_error(A, finished)
         if lost is None and unfinished and train.probe is not None:
-            killed = train.probe.check()
+            killed = bool(train.probe.check())
             self._wake_at = train.probe.wake_at
             if killed:
                 return None  # a frozen rank was killed: the next pass sees it lost, and the hot path serves
@@ -577,26 +578,25 @@ class JobRunner:
         apply, the error when it failed half-way."""
         if not self.spec.trainer.hot_recovery:
             return ""
-        try:
-            return None if self.trainers.recover_hot(train.step, train.refs, why, self.slowest_train_s) else ""
-        except (NotLeader, JobFailed):
-            raise
-        except Exception as e:
-            self.ctx.raise_if_stale(e)
-            log.warning("job %s: hot recovery failed (%s): cold path", self.job, describe_error(e))
-            return describe_error(e)
+        return self._hot("hot recovery", lambda: self.trainers.recover_hot(train.step, train.refs, why,
+                                                                            self.slowest_train_s))  # fmt: skip
 
     def _adopt_alone(self, k: int, why: str) -> str | None:
         """A take-over at world 1 whose rank is gone: a warm spare the previous leader left takes
         its place (:meth:`TrainerGroup.adopt_alone`). None when it did; "" when it does not
         apply; the error when it failed half-way (the caller takes the cold path either way)."""
+        return self._hot("hot take-over", lambda: self.trainers.adopt_alone(k, why))
+
+    def _hot(self, what: str, attempt: Callable[[], bool]) -> str | None:
+        """Run one hot path: None when it served; "" when it did not apply (False); the error when
+        it failed half-way. Losing the lead or the job is raised, never turned into the cold path."""
         try:
-            return None if self.trainers.adopt_alone(k, why) else ""
+            return None if attempt() else ""
         except (NotLeader, JobFailed):
             raise
         except Exception as e:
             self.ctx.raise_if_stale(e)
-            log.warning("job %s: hot take-over failed (%s): cold path", self.job, describe_error(e))
+            log.warning("job %s: %s failed (%s): cold path", self.job, what, describe_error(e))
             return describe_error(e)
 
     def _publish_again(self) -> str | None:

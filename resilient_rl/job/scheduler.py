@@ -53,7 +53,7 @@ from ..algo.sampler import prompt_indices
 from ..errors import worker_cause
 from .actors import actor_died
 from .context import JobContext
-from .faults import FaultPolicy, classify
+from .faults import FaultPolicy, LivenessProbe, classify
 from .groups import RolloutGroup
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,9 @@ class ShardScheduler:
         self.lost: set[tuple[int, int]] = set()  # (step, shard) sent again after its worker was lost
         self.helped: set[Shard] = set()  # shards a helper was sent to (once per owner: see _steal)
         self.costs = PromptCosts()  # each prompt's group seconds, for longest-first generation
+        self.shard_s: deque[float] = deque(maxlen=20)  # the recent training shards' seconds (the probe's scale)
+        self.wake_at = float("inf")  # monotonic: a watchdog pass is due by then (a probe to send or judge)
+        self.probes: dict[Any, LivenessProbe] = {}  # call ref -> its worker's liveness probe (see _frozen)
 
     # -- planning ----------------------------------------------------------------
 
@@ -368,6 +371,7 @@ class ShardScheduler:
                                step=f.shard.step, shard=f.shard.index, worker=f.worker, kept=kept,
                                regenerated=regen)  # fmt: skip
             self.shard_mb = max(self.shard_mb, float(result.get("bytes") or 0) / 1e6)
+            self.shard_s.append(time.monotonic() - f.sent)
             self.costs.learn(result.get("costs"))
             self.done.setdefault(f.shard.step, {})[f.shard.index] = result
             if len(self.done[f.shard.step]) == self.rounds[f.shard.step].shards:
@@ -433,22 +437,32 @@ class ShardScheduler:
         and the restarts of their children can hold a live worker past the limit."""
         now = time.monotonic()
         progress: dict[str, dict[str, Any]] | None = None
+        self.wake_at = float("inf")
+        self.probes = {ref: p for ref, p in self.probes.items() if ref in self.inflight}
         for ref, f in list(self.inflight.items()):
+            frozen = self._frozen(ref, f, rollouts)
             limit = self.shard_limit(len(f.shard.prompts), f.shard.round == EVAL)
-            if now - f.sent <= limit:
+            if frozen is None and now - f.sent <= limit:
                 continue
             if self.ctx.actors.wait([ref], timeout=0)[0]:
                 continue  # its call has ended (while the runner waited elsewhere): taken in, never a hang
-            if progress is None:
-                progress = self._progress_view(now)
-            if self._progressing(f, progress.get(str(f.worker))):
-                continue
+            if frozen is None:
+                if progress is None:
+                    progress = self._progress_view(now)
+                if self._progressing(f, progress.get(str(f.worker))):
+                    continue
             del self.inflight[ref]
             self._requeue(f)
-            self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {f.worker} made no progress on shard "
-                           f"{f.shard.step}/{f.shard.index} for {now - f.sent:.1f}s (limit {limit:g}s: "
-                           "fault.hang_timeout + reward timeouts)", worker=f.worker, group="rollout",
-                           detection_s=round(now - f.sent, 2))  # fmt: skip
+            if frozen is not None:
+                self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {f.worker} did not answer a liveness call in "
+                               f"{frozen:.1f}s (fault.probe_timeout), {now - f.sent:.1f}s into shard "
+                               f"{f.shard.step}/{f.shard.index}: frozen", worker=f.worker, group="rollout",
+                               channel="probe", detection_s=round(now - f.sent, 2))  # fmt: skip
+            else:
+                self.ctx.event(Kind.ROLLOUT_HANG, f"rollout worker {f.worker} made no progress on shard "
+                               f"{f.shard.step}/{f.shard.index} for {now - f.sent:.1f}s (limit {limit:g}s: "
+                               "fault.hang_timeout + reward timeouts)", worker=f.worker, group="rollout",
+                               channel="progress", detection_s=round(now - f.sent, 2))  # fmt: skip
             self.faults.detected(classify("rollout", hung=True, worker=f.worker))
             rollouts.fault(f.worker, TimeoutError(f"hung for {now - f.sent:.0f}s"))
         self._retire_preempted(rollouts, now)
@@ -457,6 +471,22 @@ class ShardScheduler:
                            worker=w, group="rollout")  # fmt: skip
             self.faults.detected(classify("rollout", hung=True, worker=w, cause="join_timeout"))
             rollouts.fault(w, TimeoutError("join timed out"))
+
+    def _frozen(self, ref: Any, f: InFlight, rollouts: RolloutGroup) -> float | None:
+        """The liveness probe over ``f``'s worker (:class:`LivenessProbe`, scaled by the recent
+        training shards' median; none before the first is in): the seconds it was silent if it is
+        frozen, else None. Keeps :attr:`wake_at` for the runner's wait."""
+        probe = self.probes.get(ref)
+        if probe is None:
+            actor = rollouts.workers.get(f.worker)
+            usual = sorted(self.shard_s)[len(self.shard_s) // 2] if self.shard_s else None
+            if actor is None or usual is None or not self.ctx.spec.fault.probe_timeout:
+                return None
+            probe = self.probes[ref] = LivenessProbe(self.ctx.actors, {f.worker: actor},
+                                                     self.ctx.spec.fault.probe_timeout, usual, started=f.sent)  # fmt: skip
+        frozen = probe.check().get(f.worker)
+        self.wake_at = min(self.wake_at, probe.wake_at)
+        return frozen
 
     def _retire_preempted(self, rollouts: RolloutGroup, now: float) -> None:
         """Idle workers that say ``preempted`` in membership (SIGTERM while between shards) leave

@@ -31,6 +31,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import ray
+
 from checkpoints.journal import Journal, ShardRef
 from controller.membership import Member
 from controller.nodeagent import register
@@ -127,6 +129,12 @@ class RolloutWorker:
                         ttl=self.spec.fault.lease_ttl, version=self.version, engine=self.spec.rollout.engine,
                         ray_node=self._node, on_superseded=exit_superseded,
                         log=self.log.path.name if self.log else None, **fields)  # fmt: skip
+
+    @ray.method(concurrency_group="control")
+    def alive(self) -> int:
+        """The driver's liveness probe (``faults.LivenessProbe``): answers on the control thread
+        while a shard generates; a frozen process (SIGSTOPped, a paused VM) does not answer."""
+        return os.getpid()
 
     def warm(self) -> dict[str, Any]:
         """A spare is warm once its engine is up (the constructor): this answers after it (and at

@@ -58,7 +58,8 @@ def test_vllm_job_commits_steps_and_weight_sync_matches_hf(platform: LivePlatfor
     before the kill) takes its place, loads the current weights before it takes a shard, and
     the job finishes. The worker is frozen (SIGSTOP) until the spare's engine is up, so that the
     job cannot end first (the engine takes 20 s on an idle machine, over a minute under load);
-    the shard watchdog's limit (fault.hang_timeout) is set past that wait."""
+    the shard watchdog's limit (fault.hang_timeout) is set past that wait, and the liveness probe,
+    which would find the frozen worker in seconds, is off."""
     import os
     import signal
 
@@ -67,7 +68,8 @@ def test_vllm_job_commits_steps_and_weight_sync_matches_hf(platform: LivePlatfor
     work = tmp_path / "vllm-job"
     steps = 12
     job = platform.submit(_spec("e2e-vllm", work, rollout={"engine": "vllm", "replicas": 1, "spares": 1},
-                                trainer={"replicas": 1}, steps=steps, fault={"hang_timeout": 600}))  # fmt: skip
+                                trainer={"replicas": 1}, steps=steps,
+                                fault={"hang_timeout": 600, "probe_timeout": 0}))  # fmt: skip
     _wait_step(platform, job, 3, timeout=400)
     pid = jobs.get(platform.store, job).members["rollout"]["0"]["pid"]
     os.kill(pid, signal.SIGSTOP)  # the job waits for this worker's shard; nothing else is lost
@@ -113,6 +115,7 @@ def test_vllm_job_commits_steps_and_weight_sync_matches_hf(platform: LivePlatfor
     # weight sync: train one step in a fresh rank, push the weights into a vLLM worker in place,
     # and compare its greedy output with HF generate on the trainer's weights
     ray = platform.ray()
+    from resilient_rl.job.actors import _remote_class
     from resilient_rl.workers.engines import HFEngine, Sampling
     from resilient_rl.workers.rollout import RolloutWorker
     from resilient_rl.workers.trainer import trainer_actor
@@ -131,7 +134,7 @@ def test_vllm_job_commits_steps_and_weight_sync_matches_hf(platform: LivePlatfor
 
     weights = {k: v.clone() for k, v in fetch(ray.get(out["weights"]))}  # the published buckets, whole
     worker = (
-        ray.remote(RolloutWorker)
+        _remote_class(RolloutWorker)  # its control group declared, as the driver's actor layer does
         .options(num_cpus=0.5, runtime_env=env)
         .remote(job + "-check", 0, sj, model_dir, str(tmp_path / "check"), platform.data["etcd"])
     )

@@ -62,6 +62,7 @@ class Script:
     # (step, shard, position, serial, version) of every prompt group journaled (first writer only)
     group_writes: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     hang_rollout_at: set[tuple[int, int]] = field(default_factory=set)  # (step, shard): its worker stops answering
+    freeze_rollout_at: set[tuple[int, int]] = field(default_factory=set)  # (step, shard): ... its liveness calls too
     kill_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank dies in train_step
     # (step, rank): that rank dies after the step's collective, having applied it, before it returns
     kill_rank_after: set[tuple[int, int]] = field(default_factory=set)
@@ -164,8 +165,17 @@ class FakeRollout:
         self.version = 0
         self.fence = 0
         self.serial = next(_serial)
+        self._frozen = False
         if spare is None and self._script.on_register is not None:
             self._script.on_register(index)
+
+    @ray.method(concurrency_group="control")
+    def alive(self) -> int:
+        if self._frozen:
+            _hang(self)
+        with self._script.lock:
+            self._script.probes += 1
+        return self.serial
 
     def warm(self) -> dict[str, Any]:
         if self.spare is None:
@@ -224,7 +234,9 @@ class FakeRollout:
             s.on_shard(self.index, step, shard)
         if s.fire(s.kill_rollout_at, (step, shard)):
             _die(self)
-        if s.fire(s.hang_rollout_at, (step, shard)):
+        if s.fire(s.freeze_rollout_at, (step, shard)):
+            self._frozen = True
+        if self._frozen or s.fire(s.hang_rollout_at, (step, shard)):
             _hang(self)
         time.sleep(s.shard_delay_s)
         if (slow := s.slow_rollout_at.pop((step, shard), None)) is not None:
@@ -505,9 +517,10 @@ class FakeTrainer:
 
     @ray.method(concurrency_group="control")
     def alive(self) -> int:
-        if getattr(self, "_frozen", False):
+        if self._frozen:
             _hang(self)
-        self._script.probes += 1
+        with self._script.lock:
+            self._script.probes += 1
         return self.serial
 
     @ray.method(concurrency_group="control")

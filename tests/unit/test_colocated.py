@@ -113,15 +113,18 @@ def test_a_new_layer_finds_the_roles_of_a_process_started_by_an_earlier_one() ->
     assert r.actor is t.actor and len(inner.created) == 1
 
 
-def test_groups_name_every_trainer_method_of_a_concurrency_group() -> None:
+@pytest.mark.parametrize("role", ["trainer", "rollout"])
+def test_groups_name_every_worker_method_of_a_concurrency_group(role: str) -> None:
+    from resilient_rl.workers.rollout import RolloutWorker
     from resilient_rl.workers.trainer import TrainerRank
 
+    cls = {"trainer": TrainerRank, "rollout": RolloutWorker}[role]
     marked = {
         m: getattr(f, "__ray_concurrency_group__", None)
-        for m, f in inspect.getmembers(TrainerRank, inspect.isfunction)
+        for m, f in inspect.getmembers(cls, inspect.isfunction)
         if getattr(f, "__ray_concurrency_group__", None)
     }
-    assert marked == GROUPS["trainer"]
+    assert marked == GROUPS[role]
     assert {g for g in marked.values()} <= {
         getattr(f, "__ray_concurrency_group__", None)
         for _, f in inspect.getmembers(ColocatedWorker, inspect.isfunction)

@@ -207,6 +207,29 @@ def test_the_watchdog_replaces_a_hung_rollout_worker(tmp_path: Path) -> None:
     assert Counter((s, sh) for s, sh, _ in job.script.generated)[(1, 1)] == 1
 
 
+def test_a_frozen_rollout_worker_is_found_by_the_probe_long_before_its_shard_limit(tmp_path: Path) -> None:
+    """Rollout worker of shard 2/1 freezes (SIGSTOP: its liveness call unanswered too): probed
+    once its shard runs 4x the median shard (at least 1 s), silent for ``probe_timeout``, so
+    replaced and its shard re-queued, not at the 600 s limit. A worker that answers but does
+    not finish (deadlocked) is left to that limit: ``channel: progress``."""
+    job = Job(tmp_path / "a", Script(freeze_rollout_at={(2, 1)}), steps=4,
+              fault={"hang_timeout": 600, "probe_timeout": 0.5})  # fmt: skip
+    job.lead()
+    assert job.finish(timeout=60) == "SUCCEEDED"
+    (hang,) = job.events("rollout_hang")
+    assert hang["channel"] == "probe" and 1.5 <= hang["detection_s"] < 10, hang
+    assert Counter((s, sh) for s, sh, _ in job.script.generated)[(2, 1)] == 1
+    assert job.events("rollout_fault")
+
+    live = Job(tmp_path / "b", Script(hang_rollout_at={(2, 1)}), steps=4,
+               fault={"hang_timeout": 2.5, "probe_timeout": 0.5})  # fmt: skip
+    live.lead()
+    assert live.finish(timeout=60) == "SUCCEEDED"
+    (hang,) = live.events("rollout_hang")
+    assert hang["channel"] == "progress" and hang["detection_s"] >= 2.5, hang
+    assert live.script.probes >= 1
+
+
 def test_a_slow_rollout_worker_that_stamps_progress_is_not_called_hung(tmp_path: Path) -> None:
     """A shard past its limit whose worker's membership shows progress on that very shard (a
     loaded machine, reward calls timing out one after another) is waited for; the next worker to
