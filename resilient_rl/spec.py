@@ -619,10 +619,11 @@ class FaultSpec(_Section):
         ge=0.0,
         le=600.0,
         why="past hang_timeout the step deadline finds the rank anyway; a longer probe only delays it",
-        description="Seconds a trainer rank has to answer a liveness call, sent once its train step runs "
-        "4x longer than the recent median step (at least 1 s). The call runs on the rank's control thread, "
-        "so a live rank answers in milliseconds even in a deadlocked collective; one that does not is frozen "
-        "(SIGSTOPped, a paused VM) and is replaced without waiting for hang_timeout. 0 turns the probe off.",
+        description="Seconds a worker has to answer a liveness call, sent once its train step (a trainer "
+        "rank; also a snapshot's staging) or its shard (a rollout worker) runs 4x longer than the recent "
+        "median (at least 1 s). The call runs on the worker's control thread, so a live worker answers in "
+        "milliseconds even in a deadlocked collective; one that does not is frozen (SIGSTOPped, a paused VM) "
+        "and is replaced without waiting for hang_timeout. 0 turns the probe off.",
     )
     membership: Literal["worker", "node"] = Field(
         "worker",
