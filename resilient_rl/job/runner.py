@@ -110,7 +110,6 @@ class JobRunner:
         self._paused_at = self._space_checked = 0.0
         self.slowest_train_s = 0.0  # the slowest train step this runner saw (the hang limit's scale)
         self.train_s: deque[float] = deque(maxlen=20)  # the recent train steps' seconds (the probe's scale)
-        self._wake_at = 0.0  # monotonic: a pass is due by then (a probe to send or to judge, TrainerProbe)
         self._last_pass = 0.0  # monotonic time of the loop's last pass (see _housekeep)
         self._stop = threading.Event()
         self.actors: Actors = actors if actors is not None else RayActors()
@@ -290,7 +289,9 @@ class JobRunner:
                     self.leases.reset()
                     continue
                 train = self._train(k, batch)
-            ready = self._wait([*shards.refs(), *(train.refs if train else []), *snaps.waits, *rollouts.refs()])
+            # a pass is due by a probe's next send or judgement (the step's, a shard's), if sooner than 1 s
+            wake = min(shards.wake_at, train.probe.wake_at if train is not None and train.probe else float("inf"))
+            ready = self._wait([*shards.refs(), *(train.refs if train else []), *snaps.waits, *rollouts.refs()], wake)
             snaps.poll()
             for ref in ready:
                 rollouts.on_ready(ref)
@@ -406,13 +407,13 @@ class JobRunner:
         return Training(k, [A.call(t, "train_step", k, True, self.token) for t in self.trainers.ranks],
                         time.monotonic(), time.time(), probe)  # fmt: skip
 
-    def _wait(self, watched: list[Any]) -> list[Any]:
-        """Block until something happened (at most 1 s), then take *everything* ready (no starvation)."""
+    def _wait(self, watched: list[Any], wake: float = float("inf")) -> list[Any]:
+        """Block until something happened (at most 1 s, or until the monotonic time ``wake``), then
+        take *everything* ready (no starvation)."""
         if not watched:
             time.sleep(0.2)
             return []
-        left = min(self._wake_at, self.shards.wake_at) - time.monotonic()  # a probe due sooner (past: it ran)
-        self.actors.wait(watched, num_returns=1, timeout=min(1.0, max(0.01, left)) if left > 0 else 1.0)
+        self.actors.wait(watched, num_returns=1, timeout=min(1.0, max(0.01, wake - time.monotonic())))
         return self.actors.wait(watched, num_returns=len(watched), timeout=0)[0]
 
     def _train_outcome(self, train: Training) -> list[dict[str, Any]] | WholeThenLost | object | None:
@@ -423,9 +424,7 @@ class JobRunner:
         finished, unfinished = A.wait(train.refs, num_returns=len(train.refs), timeout=0)
         lost = _actor_error(A, finished)
         if lost is None and unfinished and train.probe is not None:
-            killed = bool(train.probe.check())
-            self._wake_at = train.probe.wake_at
-            if killed:
+            if train.probe.check():
                 return None  # a frozen rank was killed: the next pass sees it lost, and the hot path serves
         hung = self._trainer_hung(train.sent) if lost is None and unfinished else None
         if lost is not None and (r0 := self._whole_on_rank0(train)) is not None:
