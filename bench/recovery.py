@@ -52,14 +52,16 @@ def parse_seconds(text: str) -> float:
     return float(parse_duration(text))
 
 
-def soak(mtbf_s: float, duration_s: float, seed: int, steps: int, out: Path) -> dict[str, Any]:
+def soak(
+    mtbf_s: float, duration_s: float, seed: int, steps: int, out: Path, scenario: Path | None = None
+) -> dict[str, Any]:
     """One ``rrl chaos soak`` in a child process; returns its report.json (plus the exit code)."""
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.iterdir())
     argv = [
         str(Path(sys.executable).parent / "rrl"), "chaos", "soak",
         "--duration", f"{duration_s:.10g}s", "--mtbf", f"{mtbf_s:.10g}s", "--seed", str(seed),
-        "--steps", str(steps), "--out", str(out),
+        "--steps", str(steps), "--out", str(out), *(["--scenario", str(scenario)] if scenario else []),
     ]  # fmt: skip
     print(f"$ {' '.join(argv)}", flush=True)
     t0 = time.monotonic()
@@ -329,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         help="Job steps (default: duration in s x 15: at the soak's ~0.09 s step, the job outlasts the fault window).",
     )
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/rrl-bench-recovery"), help="Chaos run folders.")
+    ap.add_argument("--scenario", type=Path, default=None,
+                    help="Base scenario of the soaks and the reference run (default scenarios/soak.yaml; "
+                         "scenarios/soak-spares2.yaml: two warm spares per group).")  # fmt: skip
     ap.add_argument("--reference-steps", type=int, default=600,
                     help="Steps of the fault-free reference run made before the soaks (its mean wall "
                          "seconds per step is the ETTR's fault-free step).")  # fmt: skip
@@ -345,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_line(), flush=True)
 
     print(f"\nfault-free reference: the same job, {args.reference_steps} steps, no fault", flush=True)
-    ref = soak(1e9, 60, args.seed, args.reference_steps, args.out_dir)
+    ref = soak(1e9, 60, args.seed, args.reference_steps, args.out_dir, args.scenario)
     if ref.get("faults"):
         raise RuntimeError("the fault-free reference run injected a fault")
     ref_step = reference_step_s(ref)
@@ -357,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.repeats):
         for m in mtbfs:
             print(f"\nsoak: mtbf {m:g} s, {duration:g} s of faults, seed {args.seed + r}, {steps} steps", flush=True)
-            full = soak(m, duration, args.seed + r, steps, args.out_dir)
+            full = soak(m, duration, args.seed + r, steps, args.out_dir, args.scenario)
             rep = condense(full)
             rep["ettr_vs_reference"] = ettr_vs_reference(full, ref_step)
             runs[f"{m:g}"].append(rep)

@@ -69,7 +69,11 @@ def test_shipped_scenarios_load_and_smoke_covers_its_kinds() -> None:
     parse_spec(job_spec_dict(smoke))  # its job is a valid job spec
     soak = load_scenario(REPO / "scenarios" / "soak.yaml")
     assert soak.random is not None and soak.schedule()
-    parse_spec(job_spec_dict(soak, REPO / "scenarios" / "soak.yaml"))
+    base = parse_spec(job_spec_dict(soak, REPO / "scenarios" / "soak.yaml"))
+    two = load_scenario(REPO / "scenarios" / "soak-spares2.yaml")  # the same soak, two spares per group
+    spares2 = parse_spec(job_spec_dict(two, REPO / "scenarios" / "soak-spares2.yaml"))
+    assert (spares2.trainer.spares, spares2.rollout.spares) == (2, 2) and two.random == soak.random
+    assert spares2.fault == base.fault and spares2.steps == base.steps
     assert len(FAULT_KINDS) >= 10
 
 
