@@ -150,6 +150,15 @@ def _hang(obj: Any) -> None:
     raise SystemExit
 
 
+def _alive(obj: Any) -> int:
+    """A worker's liveness probe (``alive``, on its control thread): a frozen process never answers."""
+    if obj._frozen:
+        _hang(obj)
+    with obj._script.lock:
+        obj._script.probes += 1
+    return int(obj.serial)
+
+
 _serial = iter(range(1, 1_000_000))
 
 
@@ -171,11 +180,7 @@ class FakeRollout:
 
     @ray.method(concurrency_group="control")
     def alive(self) -> int:
-        if self._frozen:
-            _hang(self)
-        with self._script.lock:
-            self._script.probes += 1
-        return self.serial
+        return _alive(self)
 
     def warm(self) -> dict[str, Any]:
         if self.spare is None:
@@ -517,11 +522,7 @@ class FakeTrainer:
 
     @ray.method(concurrency_group="control")
     def alive(self) -> int:
-        if self._frozen:
-            _hang(self)
-        with self._script.lock:
-            self._script.probes += 1
-        return self.serial
+        return _alive(self)
 
     @ray.method(concurrency_group="control")
     def adopt(self, token: int, spec_digest: str) -> dict[str, Any]:
