@@ -98,9 +98,8 @@ class SnapshotFlow:
         if not errors:
             call = A.call(self.group.ranks[0], "commit_snapshot", str(self.root), step, meta)
             probe = TrainerProbe(self.ctx, self.group.ranks[:1], f"the manifest of step {step}", self.blocking_s)
-            self.group.wait_all(
-                [call], timeout=self.deadline_s(), probe=probe
-            )  # serving the rollouts (outside the try)
+            # serving the rollouts (outside the try)
+            self.group.wait_all([call], timeout=self.deadline_s(), probe=probe)
             try:
                 info = A.get(call, timeout=0)
             except Exception as e:  # the manifest write failed or ran past its deadline

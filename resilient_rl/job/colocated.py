@@ -40,8 +40,9 @@ from .context import trainer_runtime_env
 
 ROLES = ("rollout", "trainer")
 
-# The trainer's methods that run in a concurrency group of their own (``TrainerRank``'s
-# ``@ray.method(concurrency_group=...)``; tests/unit/test_colocated.py holds this to it).
+# The workers' methods that run in a concurrency group of their own (``TrainerRank``'s and
+# ``RolloutWorker``'s ``@ray.method(concurrency_group=...)``; tests/unit/test_colocated.py holds
+# this to it).
 GROUPS: dict[str, dict[str, str]] = {
     "trainer": {
         "adopt": "control",

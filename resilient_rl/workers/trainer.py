@@ -262,7 +262,7 @@ class TrainerRank:
 
     @ray.method(concurrency_group="control")
     def alive(self) -> int:
-        """The driver's liveness probe (the deadline channel's fast half, ``JobRunner._frozen``):
+        """The driver's liveness probe (the deadline channel's fast half, ``faults.TrainerProbe``):
         answers on the control thread while a train step runs or blocks in a collective; a frozen
         process (SIGSTOPped, a paused VM) does not answer at all."""
         return os.getpid()
