@@ -152,7 +152,7 @@ def test_etcd_stopped_for_10s_and_restarted_job_continues(platform: LivePlatform
     """Stop etcd mid-job for 10 s, start it again on the same data folder: the workers
     stay, the leader steps back and takes the job over again, no step lost or repeated."""
     work = tmp_path / "etcd-outage"
-    steps = 50
+    steps = 120  # the job outlasts the workers' re-registration (46 steps took 11 s after the outage)
     job = platform.submit(_spec("e2e-etcd", work, steps=steps, checkpoint={"dir": str(work), "every": 5}))
     _wait_step(platform, job, 4)
     before = _wait_workers(platform, job, {"rollout": 1, "trainer": 2})
@@ -175,7 +175,13 @@ def test_etcd_stopped_for_10s_and_restarted_job_continues(platform: LivePlatform
 
     at = jobs.get(platform.store, job).state["step"]
     _wait_step(platform, job, min(steps, at + 3), timeout=180)
-    assert set(_worker_pids(platform, job).values()) == set(before.values())  # the same workers re-registered
+    # the same workers re-register, each once its registration thread reaches etcd again (seen in CI:
+    # one key still missing 3 steps after the leader came back)
+    deadline = time.monotonic() + 60
+    while set(_worker_pids(platform, job).values()) != set(before.values()):
+        assert time.monotonic() < deadline and jobs.get(platform.store, job).phase == "RUNNING", (
+            _worker_pids(platform, job), before)  # fmt: skip
+        time.sleep(0.2)
     _assert_exactly_once_and_replay(platform, job, work, steps)
     kinds = [e["kind"] for e in events.read(platform.store, job, limit=2000)]
     assert "trainer_restart" not in kinds and "rollout_fault" not in kinds, kinds

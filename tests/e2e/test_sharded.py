@@ -70,12 +70,14 @@ def test_ddp_job_switches_to_fsdp_mid_run_within_the_stated_tolerance(platform: 
 
     work = tmp_path / "switch"
     steps = 10
+    # the liveness probe off: it would find the rollout worker frozen below and replace it in seconds
     job = platform.submit(_spec("e2e-switch", work, steps=steps, trainer={"replicas": 1},
-                                checkpoint={"dir": str(work), "every": 2}))  # fmt: skip
+                                checkpoint={"dir": str(work), "every": 2}, fault={"probe_timeout": 0}))  # fmt: skip
     _wait_step(platform, job, 3)
     # The rollout worker is frozen while the CLI starts (seconds under load), so that the job cannot
     # run to its end before the request lands (it did in CI: 7 steps in 2 s, then no restart ever):
-    # on-policy, at most the step already generated commits meanwhile. 60 s of hang_timeout is far off.
+    # on-policy, at most the step already generated commits meanwhile. 60 s of hang_timeout is far off,
+    # and the probe is off.
     rollout_pid = jobs.get(platform.store, job).members["rollout"]["0"]["pid"]
     os.kill(rollout_pid, signal.SIGSTOP)
     try:
