@@ -5,7 +5,7 @@
   :class:`Fault` (kind, group, worker, cause, detection time).
 * :class:`FaultPolicy` (one per job's runner) owns everything that follows from faults, for
   both groups: the restart budgets (``fault.max_restarts`` per ``fault.restart_window``),
-  the replacement backoff, the *open* faults awaiting the next committed step (kept in the
+  the *open* faults awaiting the next committed step (kept in the
   job's state too, ``open_faults``, so a new leader still records their recovery), the rollout
   workers down until their replacement joins (``rollout_down``, for the same reason: a leader
   that takes over while a replacement is still joining adopts it, and its join still ends the
@@ -48,6 +48,16 @@ def classify(
         raise ValueError(f"{type(error).__name__} is not a fault of the {group} group (its actor lives)")
     kind = f"{group}_{'hang' if hung else 'fault'}"
     return Fault(kind, group, worker, cause or ("hang" if hung else "lost"), time.time())
+
+
+def backoff_s(failures: int) -> float:
+    """How long to wait before replacing a worker that failed ``failures`` times in a row, with no
+    work served in between (a rollout worker's shard, a trainer group's start): 0.5 s, doubling,
+    at most 10 s. A crash loop's backoff, as Kubernetes' CrashLoopBackOff that resets once a
+    container ran: faults the job recovered from, however many in the restart window, do not
+    lengthen the next replacement's wait (a burst of them did, 4 s after the third: BENCHMARKS
+    section 5); the budget (``fault.max_restarts``) still ends a crash loop."""
+    return min(10.0, 0.5 * 2 ** max(0, failures - 1)) if failures > 0 else 0.0
 
 
 class RestartBudget:
@@ -112,12 +122,9 @@ class FaultPolicy:
             self.worker_down = {i: t for i, t in self.worker_down.items() if i < keep}
             self.ctx.update_state(expect=live, rollout_down=self._down())
 
-    def restart(self, group: str, *, backoff: bool = True) -> float:
-        """One restart of ``group`` (raises JobFailed past the budget); returns how long to wait
-        before starting the replacement: doubling per restart within the window, at most 10 s
-        (0 without ``backoff``: a replacement that failed to start is retried at once)."""
-        n = self.budgets[group].spend()
-        return min(10.0, 0.5 * 2 ** max(0, n - 1)) if backoff else 0.0
+    def restart(self, group: str) -> None:
+        """One restart of ``group`` (raises JobFailed past the budget)."""
+        self.budgets[group].spend()
 
     def survivor_wait_s(self, slowest_step_s: float) -> float:
         """How long to wait for the surviving trainer ranks' calls to end once a peer was lost:

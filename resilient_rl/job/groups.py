@@ -12,8 +12,8 @@ Both groups are detached named Ray actors (``rrl:{job}:{group}:{index}``).
   same path serves the first start, a rank fault and a world-size change.
 
 Every replacement and restart is spent from the job's :class:`~resilient_rl.job.faults.FaultPolicy`
-(``fault.max_restarts`` per ``fault.restart_window`` seconds, per group, with the
-replacement backoff), which turns a crash loop into a FAILED job with a clear reason.
+(``fault.max_restarts`` per ``fault.restart_window`` seconds, per group; a replacement
+that failed in a row is backed off, :func:`~resilient_rl.job.faults.backoff_s`), which turns a crash loop into a FAILED job with a clear reason.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from controller.election import NotLeader
 from controller.events import Kind
 
-from ..errors import describe_error
+from ..errors import JobFailed, describe_error
 from .actors import Placement, actor_died, create_fresh, unreachable
 from .context import JobContext, live, trainer_runtime_env
-from .faults import FaultPolicy, TrainerProbe
+from .faults import FaultPolicy, TrainerProbe, backoff_s
 from .spares import SparePool
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class RolloutGroup:
         # membership is the predecessor's, still there until the successor's own record lands
         self.removed_at: dict[int, float] = {}
         self._early: dict[int, Any] = {}  # index -> a worker created by prestart, joined by start
+        # index -> its faults in a row, with no shard finished in between (the replacement's backoff)
+        self.failures: dict[int, int] = {}
 
     def prestart(self, n: int) -> None:
         """Create the workers of a fresh start now, before the trainer group is up: an engine
@@ -120,6 +123,14 @@ class RolloutGroup:
 
     def spares_wanted(self) -> int:
         return self.ctx.spec.rollout.spares
+
+    def _spare(self, i: int) -> tuple[str, Any] | None:
+        """For index ``i``: a ready spare that answers, else one still warming (see
+        :meth:`SparePool.claim`), but not for a place failing in a row (a crash loop: a warm-up
+        that fails there, as an engine that cannot start, is not retried without its backoff)."""
+        if (ready := self.spares.take()) is not None or self.failures.get(i, 0) > 1:
+            return ready
+        return self.spares.claim()
 
     def fill_spares(self) -> None:
         """Keep ``rollout.spares`` spares warm or warming, in the background (see :class:`SparePool`)."""
@@ -247,22 +258,27 @@ class RolloutGroup:
 
     def fault(self, i: int, err: BaseException, *, delay: bool = True) -> None:
         """Worker ``i`` died or hangs: kill it, replace it after a backoff (budgeted; the
-        replacement joins at the version current then, see :meth:`tick`). Its shard is
-        re-queued by the caller."""
+        replacement joins at the version current then, see :meth:`tick`). The backoff grows with
+        index ``i``'s faults in a row (:func:`~resilient_rl.job.faults.backoff_s`; a shard it
+        finishes resets them, :meth:`free`), not with the group's other faults; none with a spare
+        or without ``delay``. Its shard is re-queued by the caller."""
         if self.lost_with_its_process(i):
             return
         if (taken := self._vacate(i)) is not None:  # not promoted yet: it goes back to the pool
             self.spares.ready.append(taken)
         self.faults.worker_lost(i)
-        backoff = self.faults.restart("rollout", backoff=delay)  # spent either way: a crash loop still ends
-        spare = self.spares.take() if i < self.ctx.want("rollout") else None
-        if spare is not None:  # no process to start, no engine to load: no backoff either
+        self.faults.restart("rollout")  # spent either way: a crash loop still ends
+        self.failures[i] = self.failures.get(i, 0) + 1
+        backoff = backoff_s(self.failures[i]) if delay else 0.0
+        ready = self.spares.take() if i < self.ctx.want("rollout") else None
+        spare = ready or (self._spare(i) if i < self.ctx.want("rollout") else None)
+        if spare is not None:  # no process to start (nor, ready, an engine to load): no backoff either
             backoff = 0.0
             self.promoting[i] = spare
+        took = f"the {'warm' if ready else 'warming'} spare {spare[0]} takes its place" if spare else None
         self.ctx.event(Kind.ROLLOUT_FAULT, f"rollout worker {i} lost: {describe_error(err)}; "
-                       + (f"the warm spare {spare[0]} takes its place" if spare else f"replacing it in {backoff:.1f}s"),
-                       worker=i, group="rollout", backoff_s=backoff,
-                       **({"spare": spare[0]} if spare else {}))  # fmt: skip
+                       + (took or f"replacing it in {backoff:.1f}s"), worker=i, group="rollout", backoff_s=backoff,
+                       **({"spare": spare[0], "spare_ready": ready is not None} if spare else {}))  # fmt: skip
         self.waiting[i] = time.monotonic() + backoff
 
     def drain(self, i: int, deadline: float) -> None:
@@ -282,6 +298,7 @@ class RolloutGroup:
         """Worker ``i`` answered its call: idle again, or it leaves if its node is draining."""
         if i not in self.workers:
             return
+        self.failures.pop(i, None)  # it served: no longer a crash loop
         if i in self.draining:
             self.preempted(i, {"preempted_at": time.time()}, "its Ray node is draining; its shard is in")
             return
@@ -291,7 +308,7 @@ class RolloutGroup:
         """Empty index ``i`` and take its place at once with a spare (returned) or a new worker
         (see :meth:`tick`): no restart spent from the budget, no backoff."""
         taken = self._vacate(i)
-        spare = taken or (self.spares.take() if i < self.ctx.want("rollout") else None)
+        spare = taken or (self._spare(i) if i < self.ctx.want("rollout") else None)
         if spare is not None:
             self.promoting[i] = spare
         self.waiting[i] = time.monotonic()
@@ -334,6 +351,7 @@ class RolloutGroup:
                 del self.waiting[i]
                 spare = self.promoting.pop(i, None)
                 if i < self.ctx.want("rollout") and i not in self.workers:
+                    spare = spare or self._spare(i)  # one may have begun warming, or be ready, since the fault
                     if spare is not None:
                         self._promote(i, spare[0], spare[1], version, weights)
                     else:
@@ -549,15 +567,15 @@ class TrainerGroup:
 
     def start_retrying(self, k: int, world: int) -> Any:
         """:meth:`start`; a rank that dies meanwhile (node lost, OOM) costs one restart of the
-        budget and the group starts again after the policy's backoff, rather than failing the
-        job. (The backoff matters after a node loss: until Ray has seen the node die it may
+        budget and the group starts again after a backoff that doubles per start failed in a row
+        (:func:`~resilient_rl.job.faults.backoff_s`), rather than failing the job. (The backoff matters after a node loss: until Ray has seen the node die it may
         place a new rank there, and retries at once would spend the budget in seconds.)"""
         # a rank Ray cannot reach but has not seen die (its node is gone, Ray's health check
         # lags by ~10-30 s and may even place new ranks there meanwhile) is not the job's
         # crash loop: such starts are retried, backed off, without spending the budget, for
         # as long as Ray may take to notice (at least a minute)
         patience_until = time.monotonic() + max(60.0, self.ctx.spec.fault.hang_timeout)
-        waited = 0.5
+        waited, failed = 0.5, 0  # failed: starts that died in a row (the backoff; each spends the budget)
         while True:
             self.ctx.check_leader()
             try:
@@ -567,7 +585,9 @@ class TrainerGroup:
                     raise
                 budgeted = not (unreachable(e) and time.monotonic() < patience_until)
                 if budgeted:
-                    backoff = self.faults.restart("trainer")
+                    self.faults.restart("trainer")
+                    failed += 1
+                    backoff = backoff_s(failed)
                 else:
                     backoff, waited = waited, min(10.0, waited * 2)
                 self.ctx.event(Kind.TRAINER_RESTART, f"a trainer rank died while starting ({describe_error(e)}): "
@@ -631,7 +651,7 @@ class TrainerGroup:
                        f"{why}: restarting {world} trainer ranks at step {k}", world=world, group="trainer",
                        cause=cause, resize=resize, step=k, **({} if resize else {"recovery": "cold"}))  # fmt: skip
         if not preempted and not resize:
-            self.faults.restart("trainer", backoff=False)
+            self.faults.restart("trainer")
         weights = self.start_retrying(k, world)
         self.ctx.event(Kind.TRAINER_RECOVERED, f"trainer group back at step {k} in {time.monotonic() - t0:.1f}s",
                        seconds=round(time.monotonic() - t0, 2), world=world, group="trainer", resize=resize,
@@ -677,7 +697,7 @@ class TrainerGroup:
         t0 = time.monotonic()
         phases = {"survivors": round(t0 - t_wait, 3)}  # their calls ending, their answers, the sketch check
         if not preempted:
-            self.faults.restart("trainer", backoff=False)
+            self.faults.restart("trainer")
         c.event(Kind.PREEMPTED if preempted else Kind.TRAINER_RESTART,
                 f"{why}: hot {'hand-over' if preempted else 'recovery'} of rank(s) {lost} at step {k}; the survivors "
                 f"{survivors} keep their state", world=self.world, group="trainer",
@@ -803,7 +823,7 @@ class TrainerGroup:
         t0 = time.monotonic()
         phases = {"survivors": round(t0 - t_wait, 3)}
         if not preempted:
-            self.faults.restart("trainer", backoff=False)
+            self.faults.restart("trainer")
         c.event(Kind.PREEMPTED if preempted else Kind.TRAINER_RESTART,
                 f"{why}: hot {'hand-over' if preempted else 'recovery'} of rank(s) {lost} at step {k}; the survivors "
                 f"{survivors} keep their processes and, with the newcomers, load the shadow copy of step {s}",
@@ -913,7 +933,7 @@ class TrainerGroup:
         name, spare = taken
         t0 = time.monotonic()
         if not preempted:
-            self.faults.restart("trainer", backoff=False)
+            self.faults.restart("trainer")
         c.event(Kind.PREEMPTED if preempted else Kind.TRAINER_RESTART,
                 f"{why}: hot {'hand-over' if preempted else 'recovery'} of rank 0 at step {k} by a warm spare",
                 world=1, group="trainer", cause=cause, resize=False, recovery="hot",
@@ -1010,5 +1030,20 @@ class TrainerGroup:
         return self.actors.create("trainer", name, args, self._placement())
 
     def _take_spare(self) -> tuple[str, Any] | None:
-        """A warm spare that answers, its fence raised to this leader's (see :meth:`SparePool.take`)."""
-        return self.spares.take()
+        """A warm spare that answers, its fence raised to this leader's (see :meth:`SparePool.take`);
+        else one still warming, waited for (its answer queues behind its warm-up; the rollouts are
+        served meanwhile), which is ready sooner than a new process or a cold start of the group.
+        None if there is neither, or the warming one fails."""
+        if (ready := self.spares.take()) is not None or (warming := self.spares.claim()) is None:
+            return ready
+        try:
+            self._get(self.spares.probe(warming[1]), timeout=max(60.0, self.ctx.spec.fault.hang_timeout))
+            return warming
+        except (NotLeader, JobFailed):
+            raise
+        except Exception as e:
+            self.ctx.raise_if_stale(e)
+            log.warning("job %s: the warming trainer spare %s failed (%s)", self.ctx.job, warming[0],
+                        describe_error(e))  # fmt: skip
+            self.actors.kill(warming[1])
+            return None

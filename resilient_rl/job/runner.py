@@ -123,6 +123,7 @@ class JobRunner:
         self.faults = FaultPolicy(self.ctx)
         self.leases = LeaseWatch(self.spec.fault.lease_ttl)  # trainer ranks' membership (see _lease_lost)
         self.preempted_ranks: set[int] = set()  # trainer ranks that got a preemption notice (see _hand_over)
+        self.idle_probe: TrainerProbe | None = None  # over the ranks between steps (see _idle_frozen)
         self._drains_read = 0.0  # when the draining Ray nodes were last asked for (see _drains)
         self.committer = StepCommitter(self.ctx)
         self._thread = threading.Thread(target=self._main, name=f"runner:{self.job}", daemon=True)
@@ -289,8 +290,14 @@ class JobRunner:
                     self.leases.reset()
                     continue
                 train = self._train(k, batch)
-            # a pass is due by a probe's next send or judgement (the step's, a shard's), if sooner than 1 s
-            wake = min(shards.wake_at, train.probe.wake_at if train is not None and train.probe else float("inf"))
+            elif train is None and self._idle_frozen(k):
+                train, snaps = None, SnapshotFlow(self.ctx, self.trainers)
+                self.leases.reset()  # ranks replaced: their keys are new
+                continue
+            # a pass is due by a probe's next send or judgement (the step's, a shard's, the idle
+            # ranks'), if sooner than 1 s
+            probe = train.probe if train is not None else self.idle_probe
+            wake = min(shards.wake_at, probe.wake_at if probe is not None else float("inf"))
             ready = self._wait([*shards.refs(), *(train.refs if train else []), *snaps.waits, *rollouts.refs()], wake)
             snaps.poll()
             for ref in ready:
@@ -399,8 +406,40 @@ class JobRunner:
         self._drains(now)
         self._pause_tick(busy=train is not None)
 
+    def _idle_frozen(self, k: int) -> bool:
+        """Between steps (no train step in flight: the next batch is not complete, or the job is
+        paused), the ranks are probed as during a step (:class:`TrainerProbe` with a usual time of
+        0: once they have been idle 1 s, then every second; a healthy idle rank answers at once,
+        and a job whose batches come faster never sends one). A rank found frozen (SIGSTOPped while
+        it waited, whose lease alone would find it, and only once a step is sent to it: the second
+        burst of BENCHMARKS section 5) is killed and its place filled at once, by the lost rank's
+        path (hot, else cold), while the rollouts go on. True if one was."""
+        ranks = self.trainers.ranks
+        if not ranks:
+            return False
+        if self.idle_probe is None or list(self.idle_probe.targets.values()) != ranks:
+            self.idle_probe = TrainerProbe(self.ctx, ranks, f"the wait for step {k}'s batch", 0.0)
+        frozen = self.idle_probe.check()
+        if not frozen:
+            return False
+        self.idle_probe = None
+        why = f"trainer rank(s) {sorted(frozen)} frozen between steps"
+        self.faults.detected(classify("trainer", hung=True))
+        self._recover(self._boundary(k), why, "hang", lost=True)
+        return True
+
+    def _boundary(self, k: int) -> Training:
+        """At a step boundary, what step ``k``'s calls would say of the ranks (for the lost rank's
+        path, :meth:`_recover`): a killed rank's call fails (its actor died), the others' answer."""
+        A = self.actors
+        calls = Training(k, [A.call(r, "adopt", self.token, self.spec.digest()) for r in self.trainers.ranks],
+                         time.monotonic(), time.time())  # fmt: skip
+        A.wait(calls.refs, num_returns=len(calls.refs), timeout=30)
+        return calls
+
     def _train(self, k: int, batch: dict[int, dict[str, Any]]) -> Training:
         self.committer.check_staleness(k, batch)
+        self.idle_probe = None  # the step's own probe watches the ranks now; idle time counts from its end
         A = self.actors
         usual = sorted(self.train_s)[len(self.train_s) // 2] if self.train_s else None  # the recent median
         probe = TrainerProbe(self.ctx, self.trainers.ranks, f"train step {k}", usual)
@@ -505,10 +544,7 @@ class JobRunner:
         why = f"trainer rank(s) {ranks} preempted"
         for i in ranks:
             A.kill(t.ranks[i])
-        # what a step's calls would say: the leaving ranks' fail (the actor died), the others' answer
-        probe = Training(k, [A.call(r, "adopt", self.token, self.spec.digest()) for r in t.ranks], time.monotonic(),
-                         time.time())  # fmt: skip
-        A.wait(probe.refs, num_returns=len(probe.refs), timeout=30)
+        probe = self._boundary(k)
         hot = ""
         if self.spec.trainer.hot_recovery:
             try:

@@ -70,6 +70,7 @@ class Script:
     # (step, rank): that rank's process freezes in train_step (SIGSTOP): its liveness calls do not answer either
     freeze_rank_at: set[tuple[int, int]] = field(default_factory=set)
     freeze_snapshot_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): ... in its snapshot's staging
+    freeze_rank_after: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): ... once it returned that step
     probes: int = 0  # liveness calls answered (FakeTrainer.alive)
     fail_start: int = 0  # trainer ranks that die in setup (each one counts down)
     unreachable_start: int = 0  # trainer ranks whose setup finds them unreachable (ActorUnavailableError)
@@ -101,6 +102,7 @@ class Script:
     bad_replay: int = 0  # spares promoted without a survivor whose replayed state comes out wrong (count down)
     spare_dies: int = 0  # trainer spares that die while warming (each one counts down)
     rollout_spare_dies: int = 0  # rollout spares that die while warming (each one counts down)
+    spare_warm_s: float = 0.0  # how long a spare's warm-up takes (either group's)
     rollout_promoted: list[tuple[int, int, int]] = field(default_factory=list)  # (index, serial, version)
     promoted: list[int] = field(default_factory=list)  # serials of the spares promoted to ranks
     transfers: dict[Any, tuple[int, list[int]]] = field(default_factory=dict)  # reform master -> sent state
@@ -191,6 +193,7 @@ class FakeRollout:
             s.rollout_spare_dies -= dies
         if dies:
             _die(self)
+        time.sleep(s.spare_warm_s)
         return {"spare": self.spare, "pid": self.serial, "engine_start_s": 0.0}
 
     def promote(self, index: int, token: int, spec_digest: str, version: int, weights: Any) -> int:
@@ -436,6 +439,7 @@ class FakeTrainer:
             s.spare_dies -= dies
         if dies:
             _die(self)
+        time.sleep(s.spare_warm_s)
         self.warmed = True
         return {"spare": self.spare, "pid": self.serial, "seconds": 0.0}
 
@@ -597,6 +601,8 @@ class FakeTrainer:
             self.recent[step] = self.last
             for gone in sorted(self.recent)[:-2]:
                 del self.recent[gone]
+            if s.fire(s.freeze_rank_after, (step, self.rank)):
+                self._frozen = True  # stopped right after it answered: idle, waiting for the next batch
             return out
         finally:
             self.training = None
