@@ -12,8 +12,9 @@ Both groups are detached named Ray actors (``rrl:{job}:{group}:{index}``).
   same path serves the first start, a rank fault and a world-size change.
 
 Every replacement and restart is spent from the job's :class:`~resilient_rl.job.faults.FaultPolicy`
-(``fault.max_restarts`` per ``fault.restart_window`` seconds, per group; a replacement
-that failed in a row is backed off, :func:`~resilient_rl.job.faults.backoff_s`), which turns a crash loop into a FAILED job with a clear reason.
+(``fault.max_restarts`` per ``fault.restart_window`` seconds, per group; a place that
+fails in a row is backed off, :func:`~resilient_rl.job.faults.backoff_s`), which turns a
+crash loop into a FAILED job with a clear reason.
 """
 
 from __future__ import annotations
@@ -270,8 +271,9 @@ class RolloutGroup:
         self.faults.restart("rollout")  # spent either way: a crash loop still ends
         self.failures[i] = self.failures.get(i, 0) + 1
         backoff = backoff_s(self.failures[i]) if delay else 0.0
-        ready = self.spares.take() if i < self.ctx.want("rollout") else None
-        spare = ready or (self._spare(i) if i < self.ctx.want("rollout") else None)
+        wanted = i < self.ctx.want("rollout")
+        ready = self.spares.take() if wanted else None
+        spare = ready or (self.spares.claim() if wanted and self.failures[i] == 1 else None)  # see _spare
         if spare is not None:  # no process to start (nor, ready, an engine to load): no backoff either
             backoff = 0.0
             self.promoting[i] = spare
@@ -568,8 +570,9 @@ class TrainerGroup:
     def start_retrying(self, k: int, world: int) -> Any:
         """:meth:`start`; a rank that dies meanwhile (node lost, OOM) costs one restart of the
         budget and the group starts again after a backoff that doubles per start failed in a row
-        (:func:`~resilient_rl.job.faults.backoff_s`), rather than failing the job. (The backoff matters after a node loss: until Ray has seen the node die it may
-        place a new rank there, and retries at once would spend the budget in seconds.)"""
+        (:func:`~resilient_rl.job.faults.backoff_s`), rather than failing the job. (The backoff
+        matters after a node loss: until Ray has seen the node die it may place a new rank
+        there, and retries at once would spend the budget in seconds.)"""
         # a rank Ray cannot reach but has not seen die (its node is gone, Ray's health check
         # lags by ~10-30 s and may even place new ranks there meanwhile) is not the job's
         # crash loop: such starts are retried, backed off, without spending the budget, for
