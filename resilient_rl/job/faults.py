@@ -235,7 +235,9 @@ class LivenessProbe:
 class TrainerProbe(LivenessProbe):
     """:class:`LivenessProbe` over the trainer ranks in one wait of the leader (``what``): a rank
     found frozen is killed, with a ``trainer_hang`` event of channel ``probe``, so that its calls
-    fail (and its peers' collective with it) and the wait's owner sees a lost rank."""
+    fail (and its peers' collective with it) and the wait's owner sees a lost rank. The event's
+    ``detection_s`` runs from the last time the ranks were known alive (their last answers, else
+    the wait's start): between steps the wait may have begun long before the rank froze."""
 
     def __init__(self, ctx: JobContext, ranks: list[Any], what: str, usual_s: float | None) -> None:
         super().__init__(ctx.actors, dict(enumerate(ranks)), ctx.spec.fault.probe_timeout, usual_s)
@@ -243,10 +245,11 @@ class TrainerProbe(LivenessProbe):
 
     def check(self) -> dict[int, float]:
         timeout, frozen = self.timeout, super().check()
-        took = round(time.monotonic() - self.started, 2)
+        now = time.monotonic()
+        took, known = round(now - self.started, 2), round(now - self.probed, 2)
         for i, silent in sorted(frozen.items()):
             self.ctx.event(Kind.TRAINER_HANG, f"trainer rank {i} did not answer a liveness call in {silent:.1f}s "
                            f"(fault.probe_timeout {timeout:g}s), {took:.1f}s into {self.what}: frozen; killing it",
-                           group="trainer", worker=i, channel="probe", detection_s=took)  # fmt: skip
+                           group="trainer", worker=i, channel="probe", detection_s=known)  # fmt: skip
             self.actors.kill(self.targets[i])
         return frozen
