@@ -24,10 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from controller.election import NotLeader
 from controller.events import Kind
 
-from ..errors import JobFailed, describe_error
+from ..errors import describe_error
 from .actors import Placement, actor_died, create_fresh, unreachable
 from .context import JobContext, live, trainer_runtime_env
 from .faults import FaultPolicy, TrainerProbe, backoff_s
@@ -125,13 +124,14 @@ class RolloutGroup:
     def spares_wanted(self) -> int:
         return self.ctx.spec.rollout.spares
 
-    def _spare(self, i: int) -> tuple[str, Any] | None:
+    def _spare(self, i: int) -> tuple[tuple[str, Any] | None, bool]:
         """For index ``i``: a ready spare that answers, else one still warming (see
         :meth:`SparePool.claim`), but not for a place failing in a row (a crash loop: a warm-up
-        that fails there, as an engine that cannot start, is not retried without its backoff)."""
+        that fails there, as an engine that cannot start, is not retried without its backoff);
+        and whether it was ready."""
         if (ready := self.spares.take()) is not None or self.failures.get(i, 0) > 1:
-            return ready
-        return self.spares.claim()
+            return ready, ready is not None
+        return self.spares.claim(), False
 
     def fill_spares(self) -> None:
         """Keep ``rollout.spares`` spares warm or warming, in the background (see :class:`SparePool`)."""
@@ -271,16 +271,14 @@ class RolloutGroup:
         self.faults.restart("rollout")  # spent either way: a crash loop still ends
         self.failures[i] = self.failures.get(i, 0) + 1
         backoff = backoff_s(self.failures[i]) if delay else 0.0
-        wanted = i < self.ctx.want("rollout")
-        ready = self.spares.take() if wanted else None
-        spare = ready or (self.spares.claim() if wanted and self.failures[i] == 1 else None)  # see _spare
+        spare, ready = self._spare(i) if i < self.ctx.want("rollout") else (None, False)
         if spare is not None:  # no process to start (nor, ready, an engine to load): no backoff either
             backoff = 0.0
             self.promoting[i] = spare
         took = f"the {'warm' if ready else 'warming'} spare {spare[0]} takes its place" if spare else None
         self.ctx.event(Kind.ROLLOUT_FAULT, f"rollout worker {i} lost: {describe_error(err)}; "
                        + (took or f"replacing it in {backoff:.1f}s"), worker=i, group="rollout", backoff_s=backoff,
-                       **({"spare": spare[0], "spare_ready": ready is not None} if spare else {}))  # fmt: skip
+                       **({"spare": spare[0], "spare_ready": ready} if spare else {}))  # fmt: skip
         self.waiting[i] = time.monotonic() + backoff
 
     def drain(self, i: int, deadline: float) -> None:
@@ -310,7 +308,7 @@ class RolloutGroup:
         """Empty index ``i`` and take its place at once with a spare (returned) or a new worker
         (see :meth:`tick`): no restart spent from the budget, no backoff."""
         taken = self._vacate(i)
-        spare = taken or (self._spare(i) if i < self.ctx.want("rollout") else None)
+        spare = taken or (self._spare(i)[0] if i < self.ctx.want("rollout") else None)
         if spare is not None:
             self.promoting[i] = spare
         self.waiting[i] = time.monotonic()
@@ -353,7 +351,7 @@ class RolloutGroup:
                 del self.waiting[i]
                 spare = self.promoting.pop(i, None)
                 if i < self.ctx.want("rollout") and i not in self.workers:
-                    spare = spare or self._spare(i)  # one may have begun warming, or be ready, since the fault
+                    spare = spare or self._spare(i)[0]  # one may have begun warming, or be ready, since the fault
                     if spare is not None:
                         self._promote(i, spare[0], spare[1], version, weights)
                     else:
@@ -1039,14 +1037,4 @@ class TrainerGroup:
         None if there is neither, or the warming one fails."""
         if (ready := self.spares.take()) is not None or (warming := self.spares.claim()) is None:
             return ready
-        try:
-            self._get(self.spares.probe(warming[1]), timeout=max(60.0, self.ctx.spec.fault.hang_timeout))
-            return warming
-        except (NotLeader, JobFailed):
-            raise
-        except Exception as e:
-            self.ctx.raise_if_stale(e)
-            log.warning("job %s: the warming trainer spare %s failed (%s)", self.ctx.job, warming[0],
-                        describe_error(e))  # fmt: skip
-            self.actors.kill(warming[1])
-            return None
+        return warming if self.spares.answers(warming, self._get, max(60.0, self.ctx.spec.fault.hang_timeout)) else None

@@ -17,7 +17,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import describe_error
+from controller.election import NotLeader
+
+from ..errors import JobFailed, describe_error
 from .context import JobContext
 
 log = logging.getLogger(__name__)
@@ -119,15 +121,29 @@ class SparePool:
     def take(self) -> tuple[str, Any] | None:
         """A warm spare that answers ``probe``, or None. A spare that died while idle is dropped
         (and killed); a new one is started by the next :meth:`fill`."""
-        A, c = self.ctx.actors, self.ctx
         self._take_in_warmed()  # one that finished since the last pass counts
         while self.ready:
-            name, a = self.ready.pop(0)
-            try:
-                A.get(self.probe(a), timeout=c.spec.fault.lease_ttl + 5.0)
-                return name, a
-            except Exception as e:
-                c.raise_if_stale(e)
-                log.warning("job %s: a %s is gone (%s): trying the next", c.job, self.group, describe_error(e))
-                A.kill(a)
+            spare = self.ready.pop(0)
+            if self.answers(spare):
+                return spare
         return None
+
+    def answers(
+        self, spare: tuple[str, Any], get: Callable[..., Any] | None = None, timeout: float | None = None
+    ) -> bool:
+        """True if ``spare`` (taken out of the pool) answers ``probe`` within ``timeout`` (default:
+        the lease TTL + 5 s), awaited by ``get(ref, timeout=...)`` (default: the actor layer's; a
+        group's may serve its other calls meanwhile); else it is killed. A spare fenced by a newer
+        leader raises NotLeader, as do ``get``'s own NotLeader and JobFailed."""
+        A, c = self.ctx.actors, self.ctx
+        name, a = spare
+        try:
+            (get or A.get)(self.probe(a), timeout=timeout if timeout is not None else c.spec.fault.lease_ttl + 5.0)
+            return True
+        except (NotLeader, JobFailed):
+            raise
+        except Exception as e:
+            c.raise_if_stale(e)
+            log.warning("job %s: the %s %s is gone (%s)", c.job, self.group, name, describe_error(e))
+            A.kill(a)
+            return False
