@@ -335,8 +335,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="Base scenario of the soaks and the reference run (default scenarios/soak.yaml; "
                          "scenarios/soak-spares2.yaml: two warm spares per group).")  # fmt: skip
     ap.add_argument("--reference-steps", type=int, default=600,
-                    help="Steps of the fault-free reference run made before the soaks (its mean wall "
-                         "seconds per step is the ETTR's fault-free step).")  # fmt: skip
+                    help="Steps of each fault-free reference run (its mean wall seconds per step is the "
+                         "ETTR's fault-free step).")  # fmt: skip
+    ap.add_argument("--references", type=int, choices=(1, 2), default=2,
+                    help="Fault-free reference runs: 1, before the soaks; 2, one before and one after. The "
+                         "fault-free step is their mean, and each soak's ETTR against either is printed: "
+                         "on 2 cores two runs of the same job differ by up to 20%% a step (BENCHMARKS "
+                         "section 5), so the spread is the figure's error bar.")  # fmt: skip
     args = ap.parse_args(argv)
     if args.trainer_kills:
         return trainer_paths(args.trainer_kills, args.out_dir, args.world, args.model == "100m", args.strategy)
@@ -349,31 +354,42 @@ def main(argv: list[str] | None = None) -> int:
     mtbfs = [float(x) for x in args.mtbf.split(",") if x.strip()]
     print(machine_line(), flush=True)
 
-    print(f"\nfault-free reference: the same job, {args.reference_steps} steps, no fault", flush=True)
-    ref = soak(1e9, 60, args.seed, args.reference_steps, args.out_dir, args.scenario)
-    if ref.get("faults"):
-        raise RuntimeError("the fault-free reference run injected a fault")
-    ref_step = reference_step_s(ref)
-    ref_g = ref.get("goodput") or {}
-    print(f"  -> {ref['job']['phase']}, mean {ref_step:.4f} s a step (commit to commit, past step {REFERENCE_SKIP}); "
-          f"its median step_seconds {ref_g.get('fault_free_step_s')}, its own ETTR by the median {ref_g.get('ettr')}",
-          flush=True)  # fmt: skip
+    def reference(when: str) -> dict[str, Any]:
+        print(f"\nfault-free reference ({when}): the same job, {args.reference_steps} steps, no fault", flush=True)
+        ref = soak(1e9, 60, args.seed, args.reference_steps, args.out_dir, args.scenario)
+        if ref.get("faults"):
+            raise RuntimeError("the fault-free reference run injected a fault")
+        step, g = reference_step_s(ref), ref.get("goodput") or {}
+        print(f"  -> {ref['job']['phase']}, mean {step:.4f} s a step (commit to commit, past step {REFERENCE_SKIP}); "
+              f"its median step_seconds {g.get('fault_free_step_s')}, its own ETTR by the median {g.get('ettr')}",
+              flush=True)  # fmt: skip
+        return {"when": when, "mean_step_s": round(step, 5), "run_dir": ref.get("run_dir"), "goodput": g}
+
+    refs = [reference("before the soaks")]
     runs: dict[str, list[dict[str, Any]]] = {f"{m:g}": [] for m in mtbfs}
+    fulls: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (condensed, full report) of every soak
     for r in range(args.repeats):
         for m in mtbfs:
             print(f"\nsoak: mtbf {m:g} s, {duration:g} s of faults, seed {args.seed + r}, {steps} steps", flush=True)
             full = soak(m, duration, args.seed + r, steps, args.out_dir, args.scenario)
             rep = condense(full)
-            rep["ettr_vs_reference"] = ettr_vs_reference(full, ref_step)
+            rep["ettr_vs_reference"] = ettr_vs_reference(full, refs[0]["mean_step_s"])
             runs[f"{m:g}"].append(rep)
+            fulls.append((rep, {"steps": full.get("steps", []), "faults": full.get("faults", [])}))
             g = rep["goodput"] or {}
             print(
                 f"  -> {rep['job']['phase']}, {rep['injected']}/{rep['scheduled']} faults injected, "
                 f"invariants {'green' if all(i['ok'] for i in rep['invariants']) else 'VIOLATED'}, "
-                f"ETTR window vs the fault-free run {rep['ettr_vs_reference']}; by the median step "
+                f"ETTR window vs the reference before {rep['ettr_vs_reference']}; by the median step "
                 f"{g.get('ettr_window')}, training phase {g.get('ettr')}",
                 flush=True,
             )
+    if args.references == 2:
+        refs.append(reference("after the soaks"))
+    ref_step = sum(x["mean_step_s"] for x in refs) / len(refs)
+    for rep, full in fulls:  # against the references' mean, and against each (the spread: drift and noise)
+        rep["ettr_vs_each_reference"] = [ettr_vs_reference(full, x["mean_step_s"]) for x in refs]
+        rep["ettr_vs_reference"] = ettr_vs_reference(full, ref_step)
 
     goodput_rows, mttr_rows = [], []
     for m, reps in runs.items():
@@ -383,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
             sum(r["injected"] for r in reps),
             "green" if all(i["ok"] for r in reps for i in r["invariants"]) else "**VIOLATED**",
             fmt([r["ettr_vs_reference"] for r in reps if r.get("ettr_vs_reference") is not None]),
+            " / ".join(fmt([x for r in reps if (x := r["ettr_vs_each_reference"][j]) is not None])
+                       for j in range(len(refs))),
             fmt([x["ettr_window"] for x in g if x.get("ettr_window") is not None]),
             fmt([x["ettr"] for x in g if x.get("ettr") is not None]),
             fmt([x["fault_free_step_s"] for x in g if x.get("fault_free_step_s")], 3),
@@ -394,11 +412,13 @@ def main(argv: list[str] | None = None) -> int:
             cells = [fmt([f[c] for f in fs if f[c] is not None]) for c in FIGS]
             mttr_rows.append([f"1 per {m} s", k, len(fs), *cells])
 
+    each = " and ".join(f"{x['mean_step_s']:.4f} s {x['when']}" for x in refs)
     print(
         f"\nGoodput (ETTR = committed steps x fault-free step / wall; median (min-max) over soaks). The fault-free "
-        f"step: the reference run's mean, {ref_step:.4f} s; or the soak's own median step_seconds\n"
+        f"step: the reference runs' mean, {ref_step:.4f} s ({each}); or the soak's own median step_seconds\n"
     )
     print(table(["faults", "soaks", "faults injected", "invariants", "ETTR in fault window vs the fault-free run",
+                 "vs each reference (" + " / ".join(x["when"] for x in refs) + ")",
                  "ETTR in fault window by the median step", "ETTR training phase",
                  "fault-free step s", "steps replayed"], goodput_rows))  # fmt: skip
     print("\nMTTR per fault kind, seconds after injection, median (min-max) over faults\n")
@@ -406,8 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     path = save(
         "recovery",
         {"duration_s": duration, "steps": steps, "mtbf_s": mtbfs, "runs": runs,
-         "reference": {"steps": args.reference_steps, "mean_step_s": round(ref_step, 5), "run_dir": ref.get("run_dir"),
-                       "goodput": ref_g},
+         "reference": {"steps": args.reference_steps, "mean_step_s": round(ref_step, 5), "runs": refs},
          "summary": {m: {"ettr_window": summary([r["goodput"]["ettr_window"] for r in reps
                                                   if (r["goodput"] or {}).get("ettr_window") is not None]),
                          "ettr_vs_reference": summary([r["ettr_vs_reference"] for r in reps

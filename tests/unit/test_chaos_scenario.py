@@ -74,6 +74,10 @@ def test_shipped_scenarios_load_and_smoke_covers_its_kinds() -> None:
     spares2 = parse_spec(job_spec_dict(two, REPO / "scenarios" / "soak-spares2.yaml"))
     assert (spares2.trainer.spares, spares2.rollout.spares) == (2, 2) and two.random == soak.random
     assert spares2.fault == base.fault and spares2.steps == base.steps
+    tsp = load_scenario(REPO / "scenarios" / "soak-tspares2.yaml")  # the same soak, two trainer spares
+    tspares2 = parse_spec(job_spec_dict(tsp, REPO / "scenarios" / "soak-tspares2.yaml"))
+    assert (tspares2.trainer.spares, tspares2.rollout.spares) == (2, 1) and tsp.random == soak.random
+    assert tspares2.fault == base.fault and tspares2.steps == base.steps
     assert len(FAULT_KINDS) >= 10
 
 
