@@ -90,6 +90,25 @@ def reference_step_s(rep: dict[str, Any]) -> float:
     return (times[-1] - times[0]) / (len(times) - 1)
 
 
+#: seconds after a soak's last injection before its fault-free tail begins (a spare's refill ends)
+TAIL_SETTLE_S = 30.0
+
+
+def tail_step_s(rep: dict[str, Any], settle_s: float = TAIL_SETTLE_S) -> float | None:
+    """The mean wall seconds per step of a soak's own fault-free tail: between its commits from
+    ``settle_s`` after the last injection to the job's end (at least 100 of them, else None). A
+    baseline from the same run, so a machine whose speed drifts between runs (two fault-free runs
+    of the soak's job differed by up to 20 % a step here) does not move the ETTR."""
+    inj = [float(f["injected_at"]) for f in rep.get("faults", []) if f.get("injected_at") is not None]
+    if not inj:
+        return None
+    start = max(inj) + settle_s
+    times = sorted(t for s in rep.get("steps", []) if isinstance(t := s.get("time"), int | float) and t >= start)
+    if len(times) < 100:
+        return None
+    return (times[-1] - times[0]) / (len(times) - 1)
+
+
 def ettr_vs_reference(rep: dict[str, Any], step_s: float) -> float | None:
     """ETTR between the soak's first and last injection, against the fault-free run's
     ``step_s``: the harness's ``ettr_window`` (committed steps in ``[first, last)`` x the step /
@@ -374,13 +393,17 @@ def main(argv: list[str] | None = None) -> int:
             full = soak(m, duration, args.seed + r, steps, args.out_dir, args.scenario)
             rep = condense(full)
             rep["ettr_vs_reference"] = ettr_vs_reference(full, refs[0]["mean_step_s"])
+            tail = tail_step_s(full)
+            rep["tail_step_s"] = None if tail is None else round(tail, 5)
+            rep["ettr_vs_own_tail"] = None if tail is None else ettr_vs_reference(full, tail)
             runs[f"{m:g}"].append(rep)
             fulls.append((rep, {"steps": full.get("steps", []), "faults": full.get("faults", [])}))
             g = rep["goodput"] or {}
             print(
                 f"  -> {rep['job']['phase']}, {rep['injected']}/{rep['scheduled']} faults injected, "
                 f"invariants {'green' if all(i['ok'] for i in rep['invariants']) else 'VIOLATED'}, "
-                f"ETTR window vs the reference before {rep['ettr_vs_reference']}; by the median step "
+                f"ETTR window vs the reference before {rep['ettr_vs_reference']}, vs its own fault-free tail "
+                f"{rep['ettr_vs_own_tail']} (a step {rep['tail_step_s']} s); by the median step "
                 f"{g.get('ettr_window')}, training phase {g.get('ettr')}",
                 flush=True,
             )
@@ -401,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
             fmt([r["ettr_vs_reference"] for r in reps if r.get("ettr_vs_reference") is not None]),
             " / ".join(fmt([x for r in reps if (x := r["ettr_vs_each_reference"][j]) is not None])
                        for j in range(len(refs))),
+            fmt([r["ettr_vs_own_tail"] for r in reps if r.get("ettr_vs_own_tail") is not None]),
             fmt([x["ettr_window"] for x in g if x.get("ettr_window") is not None]),
             fmt([x["ettr"] for x in g if x.get("ettr") is not None]),
             fmt([x["fault_free_step_s"] for x in g if x.get("fault_free_step_s")], 3),
@@ -419,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(table(["faults", "soaks", "faults injected", "invariants", "ETTR in fault window vs the fault-free run",
                  "vs each reference (" + " / ".join(x["when"] for x in refs) + ")",
+                 f"vs the soak's own fault-free tail (from {TAIL_SETTLE_S:g} s after its last fault)",
                  "ETTR in fault window by the median step", "ETTR training phase",
                  "fault-free step s", "steps replayed"], goodput_rows))  # fmt: skip
     print("\nMTTR per fault kind, seconds after injection, median (min-max) over faults\n")
@@ -430,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
          "summary": {m: {"ettr_window": summary([r["goodput"]["ettr_window"] for r in reps
                                                   if (r["goodput"] or {}).get("ettr_window") is not None]),
                          "ettr_vs_reference": summary([r["ettr_vs_reference"] for r in reps
-                                                       if r.get("ettr_vs_reference") is not None])}
+                                                       if r.get("ettr_vs_reference") is not None]),
+                         "ettr_vs_own_tail": summary([r["ettr_vs_own_tail"] for r in reps
+                                                      if r.get("ettr_vs_own_tail") is not None])}
                      for m, reps in runs.items()}},
     )  # fmt: skip
     print(f"\nresults: {path}")

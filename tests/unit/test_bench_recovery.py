@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.recovery import REFERENCE_SKIP, ettr_vs_reference, mttr_bounds, reference_step_s
+from bench.recovery import REFERENCE_SKIP, TAIL_SETTLE_S, ettr_vs_reference, mttr_bounds, reference_step_s, tail_step_s
 
 
 def _steps(times: list[float]) -> list[dict[str, float]]:
@@ -35,6 +35,19 @@ def test_ettr_counts_the_commits_between_the_first_and_last_injection_against_th
     assert ettr_vs_reference(rep, 0.1) == pytest.approx(0.9)
     assert ettr_vs_reference(rep, 0.2) == 1.0  # at most 1
     assert ettr_vs_reference({"steps": _steps(times), "faults": faults[:1]}, 0.1) is None  # no window
+
+
+def test_the_tail_step_is_the_soaks_own_mean_step_from_a_settle_after_its_last_fault() -> None:
+    # faults at 0 and 50; then a slow recovery (0.3 s a step) until 70, then 0.12 s a step to the end
+    times = [i * 0.1 for i in range(500)] + [50 + i * 0.3 for i in range(1, 67)]
+    times += [times[-1] + i * 0.12 for i in range(1, 301)]
+    faults = [{"kind": "trainer_kill", "injected_at": 0.0}, {"kind": "rollout_kill", "injected_at": 50.0},
+              {"kind": "rollout_kill", "status": "not fired"}]  # fmt: skip
+    assert times[-301] < 50 + TAIL_SETTLE_S  # the slow stretch ends before the tail begins
+    got = tail_step_s({"steps": _steps(times), "faults": faults})
+    assert got == pytest.approx(0.12, abs=1e-9)
+    assert tail_step_s({"steps": _steps(times[:600]), "faults": faults}) is None  # too few commits past the settle
+    assert tail_step_s({"steps": _steps(times), "faults": faults[2:]}) is None  # no fault injected: no tail
 
 
 def test_the_100m_bound_is_given_with_the_hot_runs_step_and_with_the_cold_runs() -> None:
