@@ -34,6 +34,7 @@ fired (the harness then exits 1; this benchmark counts it and goes on).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import subprocess
 import sys
@@ -107,6 +108,29 @@ def tail_step_s(rep: dict[str, Any], settle_s: float = TAIL_SETTLE_S) -> float |
     if len(times) < 100:
         return None
     return (times[-1] - times[0]) / (len(times) - 1)
+
+
+#: seconds after a fault over which :func:`speed_after` measures the job's speed
+AFTER_S = 30.0
+
+
+def speed_after(rep: dict[str, Any], step_s: float, after_s: float = AFTER_S) -> list[float | None]:
+    """Per fault of ``rep`` (in order), the job's speed over the ``after_s`` seconds after its
+    injection against a fault-free step of ``step_s``: ``step_s`` x the commits in
+    ``[injected, injected + after_s)`` / ``after_s`` (None for a fault not injected). Below 1
+    is what the fault cost beyond its stall as well: a replacement's start-up competing with
+    the job for the CPUs, a retried step. The windows of close faults overlap; one that runs
+    past the run's last commit counts the rest as lost."""
+    times = sorted(float(t) for s in rep.get("steps", []) if isinstance(t := s.get("time"), int | float))
+    out: list[float | None] = []
+    for f in rep.get("faults", []):
+        at = f.get("injected_at")
+        if at is None:
+            out.append(None)
+            continue
+        n = bisect.bisect_left(times, float(at) + after_s) - bisect.bisect_left(times, float(at))
+        out.append(round(n * step_s / after_s, 3))
+    return out
 
 
 def ettr_vs_reference(rep: dict[str, Any], step_s: float) -> float | None:
@@ -396,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
             tail = tail_step_s(full)
             rep["tail_step_s"] = None if tail is None else round(tail, 5)
             rep["ettr_vs_own_tail"] = None if tail is None else ettr_vs_reference(full, tail)
+            if tail is not None:  # the speed after each fault, against the tail
+                for f, s in zip(rep["faults"], speed_after(full, tail), strict=True):
+                    f["speed_after"] = s
             runs[f"{m:g}"].append(rep)
             fulls.append((rep, {"steps": full.get("steps", []), "faults": full.get("faults", [])}))
             g = rep["goodput"] or {}
@@ -434,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in kinds:
             fs = [f for r in reps for f in r["faults"] if f["kind"] == k and f["status"] == "injected"]
             cells = [fmt([f[c] for f in fs if f[c] is not None]) for c in FIGS]
+            cells.append(fmt([f["speed_after"] for f in fs if f.get("speed_after") is not None]))
             mttr_rows.append([f"1 per {m} s", k, len(fs), *cells])
 
     each = " and ".join(f"{x['mean_step_s']:.4f} s {x['when']}" for x in refs)
@@ -447,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                  "ETTR in fault window by the median step", "ETTR training phase",
                  "fault-free step s", "steps replayed"], goodput_rows))  # fmt: skip
     print("\nMTTR per fault kind, seconds after injection, median (min-max) over faults\n")
-    print(table(["faults", "kind", "n", "detection", "next commit", "group size restored"], mttr_rows))
+    print(table(["faults", "kind", "n", "detection", "next commit", "group size restored",
+                 f"speed over the {AFTER_S:g} s after (vs the soak's tail)"], mttr_rows))  # fmt: skip
     path = save(
         "recovery",
         {"duration_s": duration, "steps": steps, "mtbf_s": mtbfs, "runs": runs,

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from bench.recovery import REFERENCE_SKIP, TAIL_SETTLE_S, ettr_vs_reference, mttr_bounds, reference_step_s, tail_step_s
+from bench.recovery import (
+    AFTER_S,
+    REFERENCE_SKIP,
+    TAIL_SETTLE_S,
+    ettr_vs_reference,
+    mttr_bounds,
+    reference_step_s,
+    speed_after,
+    tail_step_s,
+)
 
 
 def _steps(times: list[float]) -> list[dict[str, float]]:
@@ -48,6 +57,21 @@ def test_the_tail_step_is_the_soaks_own_mean_step_from_a_settle_after_its_last_f
     assert got == pytest.approx(0.12, abs=1e-9)
     assert tail_step_s({"steps": _steps(times[:600]), "faults": faults}) is None  # too few commits past the settle
     assert tail_step_s({"steps": _steps(times), "faults": faults[2:]}) is None  # no fault injected: no tail
+
+
+def test_the_speed_after_a_fault_counts_its_stall_and_the_slower_steps_that_follow() -> None:
+    # 0.1 s a step; a fault at 10 s stalls 3 s, then steps of 0.2 s for 10 s, then 0.1 s again
+    times = [i * 0.1 for i in range(100)]  # to 9.9
+    times += [13 + i * 0.2 for i in range(50)]  # 13.0 to 22.8
+    times += [23 + i * 0.1 for i in range(300)]  # 23.0 to 52.9
+    faults = [{"kind": "trainer_kill", "injected_at": 10.0}, {"kind": "rollout_kill", "status": "not fired"},
+              {"kind": "leader_kill", "injected_at": 50.0}]  # fmt: skip
+    got = speed_after({"steps": _steps(times), "faults": faults}, 0.1)
+    # [10, 10 + AFTER_S): 50 slow commits + those of 0.1 s from 23 s: 17 s of them
+    assert AFTER_S == 30.0
+    assert got[0] == pytest.approx((50 + 170) * 0.1 / 30, abs=1e-3)  # 0.733: a 3 s stall and 10 s at half speed
+    assert got[1] is None  # not injected
+    assert got[2] == pytest.approx(30 * 0.1 / 30, abs=1e-3)  # 30 commits, then the run ends: the rest counts as lost
 
 
 def test_the_100m_bound_is_given_with_the_hot_runs_step_and_with_the_cold_runs() -> None:
