@@ -211,10 +211,28 @@ class JobRunner:
         if self._stop.is_set():
             return
         snaps.poll(block=True)
-        digest = self.trainers.digest(timeout=max(60.0, self.spec.fault.hang_timeout))
+        digest = self._final_digest()
         self.ctx.update_state(weights_digest=digest)
         self._kill_workers()
         self._finish("SUCCEEDED", None)
+
+    def _final_digest(self) -> str:
+        """The final weights' digest. A rank lost after the last commit (its ``digest`` call fails:
+        its actor died) is a fault as between steps: its place is filled by the lost rank's path at
+        the last committed step (hot, else cold; the fault budget spent, which bounds the retries)
+        and the ranks are asked again. Before, such a kill ended the job FAILED with every step
+        committed (seen in an e2e test whose kill came after the job's last step)."""
+        while True:
+            try:
+                return self.trainers.digest(timeout=max(60.0, self.spec.fault.hang_timeout))
+            except Exception as e:
+                self.ctx.raise_if_stale(e)
+                if not actor_died(e):
+                    raise
+                k = int(self.ctx.read_state().get("step", 0))
+                self.faults.detected(classify("trainer", error=e))
+                self._recover(self._boundary(k), f"trainer rank lost after the last step: {describe_error(e)}",
+                              "lost", lost=True)  # fmt: skip
 
     def _take_over(self, k: int, model_dir: str, was_running: bool = False) -> int:
         """Bring both groups up at committed step ``k``; returns the step to run next.

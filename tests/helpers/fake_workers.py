@@ -64,6 +64,7 @@ class Script:
     hang_rollout_at: set[tuple[int, int]] = field(default_factory=set)  # (step, shard): its worker stops answering
     freeze_rollout_at: set[tuple[int, int]] = field(default_factory=set)  # (step, shard): ... its liveness calls too
     kill_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank dies in train_step
+    kill_rank_at_digest: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): ... in digest (the end)
     # (step, rank): that rank dies after the step's collective, having applied it, before it returns
     kill_rank_after: set[tuple[int, int]] = field(default_factory=set)
     hang_rank_at: set[tuple[int, int]] = field(default_factory=set)  # (step, rank): that rank hangs in train_step
@@ -613,6 +614,8 @@ class FakeTrainer:
         return {"step": self.step, "weights": ("weights", self.step)}
 
     def digest(self) -> str:
+        if self._script.fire(self._script.kill_rank_at_digest, (self.step, self.rank)):
+            _die(self)
         return ",".join(map(str, self.applied))
 
     def snapshot(self, root: str, token: int) -> dict[str, Any]:

@@ -1332,6 +1332,26 @@ def test_a_rank_lost_after_the_step_was_whole_on_rank_0_is_committed_then_replac
     assert rec["step"] == 4  # the fault is recovered by the first commit after the re-formed group's step
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_rank_lost_after_the_last_step_is_replaced_and_the_job_ends_with_the_digest(
+    tmp_path: Path, world: int
+) -> None:
+    """Rank 0 dies in the job's final ``digest`` call, every step committed: its place is filled
+    by the lost rank's path (world 2: hot, rank 1's state; world 1: the warm spare, from the shadow
+    copy), the digest is asked again and the job SUCCEEDS with the final weights. Before, it ended
+    FAILED (ActorDiedError)."""
+    job = Job(tmp_path, Script(collective=world > 1, kill_rank_at_digest={(6, 0)}), steps=6,
+              trainer={"replicas": world})  # fmt: skip
+    job.lead()
+    assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
+    (restart,) = job.events("trainer_restart")
+    assert restart["recovery"] == "hot" and restart["lost"] == [0] and restart["step"] == 6, restart
+    assert "after the last step" in restart["message"] and restart["survivors"] == list(range(1, world)), restart
+    commits = [w["step"] for w in job.c.writes if "policy_version" in w and "reward" in w]
+    assert commits == [1, 2, 3, 4, 5, 6]  # nothing trained or committed again
+    assert _digest_of_final_weights(job) == "0,1,2,3,4,5"
+
+
 def _tb_steps(logdir: Path) -> Counter[int]:
     """How often each step's reward is in the TensorBoard event files under ``logdir`` (read back
     with TensorBoard's own loader: what a TensorBoard server would show)."""
