@@ -65,4 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from resilient_rl.signals import exit_on_sigterm
+
+    exit_on_sigterm()  # a section's clean-up (the platforms and soaks it started) runs at SIGTERM
     sys.exit(main())

@@ -66,7 +66,7 @@ def soak(
     ]  # fmt: skip
     print(f"$ {' '.join(argv)}", flush=True)
     t0 = time.monotonic()
-    rc = subprocess.run(argv, cwd=ROOT).returncode
+    rc = _run_child(argv)
     new = sorted(set(out.iterdir()) - before)
     reports = [d / "report.json" for d in new if (d / "report.json").exists()]
     if not reports:
@@ -241,6 +241,23 @@ def rollout_paths(kills: int, out: Path) -> int:
     return 0 if all(all(i["ok"] for i in r["invariants"]) for r in runs.values()) else 1
 
 
+def _run_child(argv: list[str]) -> int:
+    """Run an ``rrl chaos`` command to its end; its exit code. Stopped early (SIGTERM, Ctrl-C:
+    :func:`resilient_rl.signals.exit_on_sigterm`) it is sent SIGTERM and waited for, so that it
+    stops the platform it started (``subprocess.run`` would SIGKILL it, which leaves that
+    platform running)."""
+    p = subprocess.Popen(argv, cwd=ROOT)
+    try:
+        return p.wait()
+    except BaseException:
+        p.terminate()
+        try:
+            p.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        raise
+
+
 def _chaos_run(d: Path, scenario: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """``rrl chaos run`` of ``scenario`` in a child process, its run folder under ``d``: (report, exit code)."""
     import yaml
@@ -251,7 +268,7 @@ def _chaos_run(d: Path, scenario: dict[str, Any]) -> tuple[dict[str, Any], int]:
     before = set(d.iterdir())
     argv = [str(Path(sys.executable).parent / "rrl"), "chaos", "run", str(sc), "--out", str(d)]
     print(f"$ {' '.join(argv)}", flush=True)
-    rc = subprocess.run(argv, cwd=ROOT).returncode
+    rc = _run_child(argv)
     new = [x / "report.json" for x in sorted(set(d.iterdir()) - before) if (x / "report.json").exists()]
     if not new:
         raise RuntimeError(f"the chaos run (exit {rc}) wrote no report.json under {d}")

@@ -24,6 +24,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
+from .signals import exit_on_sigterm
+
 app = typer.Typer(
     name="rrl",
     help="resilient-rl: RL post-training for LLMs that keeps running through failures.\n\n"
@@ -932,6 +934,7 @@ app.add_typer(chaos_app, name="chaos")  # rrl chaos run | soak | report
 def main() -> None:
     # Ray (started by our controllers) must bind loopback only; see docs/architecture.md
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    exit_on_sigterm()  # its clean-up runs (`rrl controller` installs its own: a clean hand-over)
     try:
         app()
     except KeyboardInterrupt:

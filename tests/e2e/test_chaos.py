@@ -8,10 +8,15 @@ invariant violation or any fault that could not be injected.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from resilient_rl.chaos.scenario import load_scenario
@@ -95,3 +100,42 @@ def test_chaos_hardening_scenario_trainer_hang_journal_full_reward_hang_and_a_st
     hangs = [e for e in rep["events"] if e["kind"] == "trainer_hang" and e["time"] < t_storm - 0.5]
     assert hangs and hangs[0].get("channel") == "probe" and hangs[0]["detection_s"] < 5.0, hangs
     assert not [e for e in early if e[0] in ("failed", "rollout_hang")], early  # slow rewards are not a hang
+
+
+@pytest.mark.timeout(400)
+def test_sigterm_to_a_chaos_run_stops_the_platform_it_started(tmp_path: Path) -> None:
+    """`timeout`, a CI runner or `kill` ends `rrl chaos run` with SIGTERM: it stops its etcd,
+    controllers, Ray and the job's workers (which run in sessions of their own) and exits 143.
+    Before resilient_rl/signals.py all of them were left running, the job still training."""
+    rrl = Path(sys.executable).parent / "rrl"
+    p = subprocess.Popen([str(rrl), "chaos", "run", str(REPO / "scenarios" / "smoke.yaml"), "--out", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(p.stdout or []), daemon=True).start()
+    procs: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and p.poll() is None:  # until the job's workers run
+            procs = psutil.Process(p.pid).children(recursive=True)
+            names = " ".join(" ".join(c.cmdline()) for c in procs if c.is_running())
+            if "ray::TrainerRank" in names and "ray::RolloutWorker" in names and "etcd" in names:
+                break
+            time.sleep(1.0)
+        else:
+            pytest.fail(f"the platform and the job's workers did not come up: {''.join(lines)}")
+        assert len(procs) >= 6, [c.cmdline() for c in procs]
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=240)
+        _, alive = psutil.wait_procs(procs, timeout=30)
+    finally:
+        p.kill()
+        for c in procs:
+            try:
+                c.kill()
+            except psutil.NoSuchProcess:
+                pass
+    out = "".join(lines)
+    assert rc == 143, out
+    assert not alive, [(c.pid, c.cmdline()) for c in alive]
+    assert "terminated (SIGTERM): stopping what this command started" in out
+    assert "Traceback" not in out
