@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,16 +222,29 @@ def start_etcd(
     ]  # fmt: skip
     proc = ManagedProcess.spawn(f"etcd:{name}", argv, log_path)
     deadline = time.monotonic() + wait
-    while not port_open("127.0.0.1", client_port):
-        if not proc.alive():
-            raise PlatformError(f"etcd exited at start; see {log_path}:\n{_tail(log_path)}")
-        if time.monotonic() > deadline:
-            proc.stop()
-            raise PlatformError(f"etcd did not open 127.0.0.1:{client_port} within {wait:.0f}s; see {log_path}")
-        time.sleep(0.05)
+    with _stopped_if_interrupted(proc):
+        while not port_open("127.0.0.1", client_port):
+            if not proc.alive():
+                raise PlatformError(f"etcd exited at start; see {log_path}:\n{_tail(log_path)}")
+            if time.monotonic() > deadline:
+                proc.stop()
+                raise PlatformError(f"etcd did not open 127.0.0.1:{client_port} within {wait:.0f}s; see {log_path}")
+            time.sleep(0.05)
     if not proc.alive():  # the port answered, but not for this process (it was taken)
         raise PlatformError(f"etcd exited at start; see {log_path}:\n{_tail(log_path)}")
     return proc
+
+
+@contextlib.contextmanager
+def _stopped_if_interrupted(proc: ManagedProcess, timeout: float = 5.0) -> Iterator[None]:
+    """Stop ``proc`` (a process that is still starting, recorded nowhere yet) if Ctrl-C or
+    SIGTERM (``resilient_rl.signals``) interrupts the wait for it, then go on interrupting:
+    else it would run on with no record that ``rrl down`` could stop it by."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):
+        proc.stop(timeout=timeout)
+        raise
 
 
 def _tail(path: Path, n: int = 20) -> str:
@@ -322,6 +336,9 @@ class Platform:
             p = start_etcd(self.home / "etcd", ports["etcd_client"], ports["etcd_peer"], logs / "etcd.log")
             procs["etcd"] = {"pid": p.pid, "log": str(logs / "etcd.log")}
             data["etcd"] = f"127.0.0.1:{ports['etcd_client']}"
+            # recorded at once: interrupted later (Ctrl-C, SIGTERM), `rrl down` still stops it, and
+            # the next `rrl up` takes it over instead of starting a second etcd on its data dir
+            self.save({**data, "ports": ports, "processes": procs})
 
         if ray_address:
             data["ray"] = ray_address
@@ -385,13 +402,14 @@ class Platform:
         ]  # fmt: skip
         proc = ManagedProcess.spawn("ray", argv, log_path, env=ray_head_env())
         deadline = time.monotonic() + wait
-        while not port_open("127.0.0.1", port):
-            if not proc.alive():
-                raise PlatformError(f"Ray head exited at start; see {log_path}:\n{_tail(log_path)}")
-            if time.monotonic() > deadline:
-                proc.stop()
-                raise PlatformError(f"Ray head did not open 127.0.0.1:{port} within {wait:.0f}s; see {log_path}")
-            time.sleep(0.2)
+        with _stopped_if_interrupted(proc):
+            while not port_open("127.0.0.1", port):
+                if not proc.alive():
+                    raise PlatformError(f"Ray head exited at start; see {log_path}:\n{_tail(log_path)}")
+                if time.monotonic() > deadline:
+                    proc.stop()
+                    raise PlatformError(f"Ray head did not open 127.0.0.1:{port} within {wait:.0f}s; see {log_path}")
+                time.sleep(0.2)
         return proc
 
     def down(self, progress: Any = print) -> list[str]:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -117,6 +121,52 @@ def test_cli_import_is_light() -> None:
 def _platform_pids(home: Path) -> list[int]:
     data = json.loads((home / "platform.json").read_text())
     return [p["pid"] for p in data["processes"].values()]
+
+
+def _home_pids(home: Path) -> list[int]:
+    """Every live process whose command line names ``home`` (etcd's data dir, Ray's temp dir)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(home) in cmd and pid_alive(int(d.name)):
+                out.append(int(d.name))
+    return out
+
+
+def test_up_interrupted_while_ray_starts_leaves_only_what_down_stops(rrl_home: Path) -> None:
+    """SIGTERM (or Ctrl-C) to `rrl up` while the Ray head starts: that Ray head is stopped, the
+    etcd already up is recorded (it used to be left running with no record: `rrl down` said
+    "nothing was running", and the next `rrl up` started a second etcd on the same data dir),
+    the next `rrl up` takes it over, and `rrl down` leaves nothing."""
+    p = subprocess.Popen([str(Path(sys.executable).parent / "rrl"), "up"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    try:
+        lines = []
+        for line in p.stdout or []:
+            lines.append(line)
+            if line.startswith("starting Ray head"):
+                p.send_signal(signal.SIGTERM)  # Ray's head takes seconds to open its port
+                break
+        out = "".join(lines) + (p.stdout.read() if p.stdout else "")
+        assert p.wait(timeout=60) == 143, out
+    finally:
+        p.kill()
+    assert "terminated (SIGTERM)" in out and "Traceback" not in out, out
+    etcd = Platform(rrl_home).running()
+    assert list(etcd) == ["etcd"], etcd
+    assert _home_pids(rrl_home) == [etcd["etcd"]["pid"]], "the interrupted Ray head was left running"
+    r = run_rrl("up", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "starting etcd" not in r.stdout and _platform_pids(rrl_home)[0] == etcd["etcd"]["pid"]
+    assert run_rrl("down", timeout=120).returncode == 0
+    deadline = time.monotonic() + 20
+    while _home_pids(rrl_home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _home_pids(rrl_home) == []
 
 
 def test_up_status_down_twice_leaves_nothing(rrl_home: Path) -> None:
