@@ -22,7 +22,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     if _received:  # already stopping: let the clean-up finish
         return
     _received.append(signum)
-    print("rrl: terminated (SIGTERM): stopping what this command started", file=sys.stderr, flush=True)
+    print("rrl: terminated (SIGTERM): cleaning up", file=sys.stderr, flush=True)
     raise SystemExit(128 + signum)
 
 

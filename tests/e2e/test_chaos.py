@@ -137,5 +137,5 @@ def test_sigterm_to_a_chaos_run_stops_the_platform_it_started(tmp_path: Path) ->
     out = "".join(lines)
     assert rc == 143, out
     assert not alive, [(c.pid, c.cmdline()) for c in alive]
-    assert "terminated (SIGTERM): stopping what this command started" in out
+    assert "terminated (SIGTERM): cleaning up" in out
     assert "Traceback" not in out

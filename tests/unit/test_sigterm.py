@@ -55,6 +55,6 @@ def test_sigterm_runs_the_clean_up_and_exits_143_and_a_second_one_is_ignored(tmp
         p.kill()
     assert p.returncode == 143, (out, err)
     assert out.splitlines() == ["cleaning up", f"stopped {grandchild}"], (out, err)
-    assert "terminated (SIGTERM): stopping what this command started" in err
+    assert "terminated (SIGTERM): cleaning up" in err
     assert "Traceback" not in err
     assert not _alive(grandchild)
