@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,29 +220,29 @@ def start_etcd(
         *(extra or []),
     ]  # fmt: skip
     proc = ManagedProcess.spawn(f"etcd:{name}", argv, log_path)
-    deadline = time.monotonic() + wait
-    with _stopped_if_interrupted(proc):
-        while not port_open("127.0.0.1", client_port):
-            if not proc.alive():
-                raise PlatformError(f"etcd exited at start; see {log_path}:\n{_tail(log_path)}")
-            if time.monotonic() > deadline:
-                proc.stop()
-                raise PlatformError(f"etcd did not open 127.0.0.1:{client_port} within {wait:.0f}s; see {log_path}")
-            time.sleep(0.05)
+    _await_port(proc, client_port, "etcd", log_path, wait, poll=0.05)
     if not proc.alive():  # the port answered, but not for this process (it was taken)
         raise PlatformError(f"etcd exited at start; see {log_path}:\n{_tail(log_path)}")
     return proc
 
 
-@contextlib.contextmanager
-def _stopped_if_interrupted(proc: ManagedProcess, timeout: float = 5.0) -> Iterator[None]:
-    """Stop ``proc`` (a process that is still starting, recorded nowhere yet) if Ctrl-C or
-    SIGTERM (``resilient_rl.signals``) interrupts the wait for it, then go on interrupting:
-    else it would run on with no record that ``rrl down`` could stop it by."""
+def _await_port(proc: ManagedProcess, port: int, what: str, log_path: Path, wait: float, poll: float) -> None:
+    """Wait until ``proc`` (just started, recorded nowhere yet) opens 127.0.0.1:``port``. It is
+    stopped if it does not within ``wait`` seconds (PlatformError), and if Ctrl-C or SIGTERM
+    (``resilient_rl.signals``) interrupts the wait, which then goes on interrupting: else it would
+    run on with no record that ``rrl down`` could stop it by. PlatformError with the log's tail if
+    it exits first."""
+    deadline = time.monotonic() + wait
     try:
-        yield
+        while not port_open("127.0.0.1", port):
+            if not proc.alive():
+                raise PlatformError(f"{what} exited at start; see {log_path}:\n{_tail(log_path)}")
+            if time.monotonic() > deadline:
+                proc.stop()
+                raise PlatformError(f"{what} did not open 127.0.0.1:{port} within {wait:.0f}s; see {log_path}")
+            time.sleep(poll)
     except (KeyboardInterrupt, SystemExit):
-        proc.stop(timeout=timeout)
+        proc.stop(timeout=5.0)
         raise
 
 
@@ -401,15 +400,7 @@ class Platform:
             "--temp-dir", str(self.ray_temp_dir()),
         ]  # fmt: skip
         proc = ManagedProcess.spawn("ray", argv, log_path, env=ray_head_env())
-        deadline = time.monotonic() + wait
-        with _stopped_if_interrupted(proc):
-            while not port_open("127.0.0.1", port):
-                if not proc.alive():
-                    raise PlatformError(f"Ray head exited at start; see {log_path}:\n{_tail(log_path)}")
-                if time.monotonic() > deadline:
-                    proc.stop()
-                    raise PlatformError(f"Ray head did not open 127.0.0.1:{port} within {wait:.0f}s; see {log_path}")
-                time.sleep(0.2)
+        _await_port(proc, port, "Ray head", log_path, wait, poll=0.2)
         return proc
 
     def down(self, progress: Any = print) -> list[str]:

@@ -784,6 +784,7 @@ class TrainerGroup:
                 c.raise_if_stale(e)
                 (lost if actor_died(e) else survivors).append(i)
         if not lost or not survivors:
+            log.warning("job %s: trainer ranks lost %s, survived %s in step %d: cold path", c.job, lost, survivors, k)
             return None
         try:
             status = A.get([A.call(self.ranks[i], "adopt", c.token, c.spec.digest()) for i in survivors],

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -446,13 +446,29 @@ class JobRunner:
         self._recover(self._boundary(k), why, "hang", lost=True)
         return True
 
-    def _boundary(self, k: int) -> Training:
+    def _boundary(self, k: int, killed: Sequence[int] = ()) -> Training:
         """At a step boundary, what step ``k``'s calls would say of the ranks (for the lost rank's
-        path, :meth:`_recover`): a killed rank's call fails (its actor died), the others' answer."""
+        path, :meth:`_recover`): a killed rank's call fails (its actor died), the others' answer.
+        ``killed``: ranks this runner has just killed while they were healthy (a hand-over). A kill
+        is asynchronous: a call sent right after it can still reach the live process and answer,
+        and the hot path would then see no rank lost; such a rank is asked again (every 0.2 s, at
+        most 30 s in all) until its call fails."""
         A = self.actors
-        calls = Training(k, [A.call(r, "adopt", self.token, self.spec.digest()) for r in self.trainers.ranks],
+        ranks = self.trainers.ranks
+        calls = Training(k, [A.call(r, "adopt", self.token, self.spec.digest()) for r in ranks],
                          time.monotonic(), time.time())  # fmt: skip
+        end = time.monotonic() + 30
         A.wait(calls.refs, num_returns=len(calls.refs), timeout=30)
+        for i in killed:
+            while time.monotonic() < end:
+                try:
+                    A.get(calls.refs[i], timeout=0)
+                except Exception as e:  # (still running after 30 s: the hot path's own wait judges it)
+                    self.ctx.raise_if_stale(e)
+                    break
+                time.sleep(0.2)  # it answered: the kill has not reached it yet
+                calls.refs[i] = A.call(ranks[i], "adopt", self.token, self.spec.digest())
+                A.wait([calls.refs[i]], timeout=max(0.0, end - time.monotonic()))
         return calls
 
     def _train(self, k: int, batch: dict[int, dict[str, Any]]) -> Training:
@@ -562,7 +578,7 @@ class JobRunner:
         why = f"trainer rank(s) {ranks} preempted"
         for i in ranks:
             A.kill(t.ranks[i])
-        probe = self._boundary(k)
+        probe = self._boundary(k, ranks)
         hot = ""
         if self.spec.trainer.hot_recovery:
             try:

@@ -102,6 +102,14 @@ def test_chaos_hardening_scenario_trainer_hang_journal_full_reward_hang_and_a_st
     assert not [e for e in early if e[0] in ("failed", "rollout_hang")], early  # slow rewards are not a hang
 
 
+def _cmdline(c: psutil.Process) -> str:
+    """The process's command line; "" once it has exited (the harness's children come and go)."""
+    try:
+        return " ".join(c.cmdline())
+    except psutil.Error:
+        return ""
+
+
 @pytest.mark.timeout(400)
 def test_sigterm_to_a_chaos_run_stops_the_platform_it_started(tmp_path: Path) -> None:
     """`timeout`, a CI runner or `kill` ends `rrl chaos run` with SIGTERM: it stops its etcd,
@@ -117,13 +125,13 @@ def test_sigterm_to_a_chaos_run_stops_the_platform_it_started(tmp_path: Path) ->
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and p.poll() is None:  # until the job's workers run
             procs = psutil.Process(p.pid).children(recursive=True)
-            names = " ".join(" ".join(c.cmdline()) for c in procs if c.is_running())
+            names = " ".join(_cmdline(c) for c in procs)
             if "ray::TrainerRank" in names and "ray::RolloutWorker" in names and "etcd" in names:
                 break
             time.sleep(1.0)
         else:
             pytest.fail(f"the platform and the job's workers did not come up: {''.join(lines)}")
-        assert len(procs) >= 6, [c.cmdline() for c in procs]
+        assert len(procs) >= 6, [_cmdline(c) for c in procs]
         p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=240)
         _, alive = psutil.wait_procs(procs, timeout=30)
@@ -136,6 +144,6 @@ def test_sigterm_to_a_chaos_run_stops_the_platform_it_started(tmp_path: Path) ->
                 pass
     out = "".join(lines)
     assert rc == 143, out
-    assert not alive, [(c.pid, c.cmdline()) for c in alive]
+    assert not alive, [(c.pid, _cmdline(c)) for c in alive]
     assert "terminated (SIGTERM): cleaning up" in out
     assert "Traceback" not in out

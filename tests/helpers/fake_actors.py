@@ -12,7 +12,10 @@ suite, ``tests/unit/test_actor_contract.py``, holds it and Ray to the same tests
   worker's type, as Ray's ``as_instanceof_cause`` makes it); ``get`` past its timeout raises
   ``GetTimeoutError``;
 * a name is unique among live actors (ValueError) and a killed actor's name stays taken for
-  ``name_release_s`` (Ray frees it only once its control store has seen the death).
+  ``name_release_s`` (Ray frees it only once its control store has seen the death);
+* with ``kill_delay_s`` a kill takes effect that long after ``kill`` returns: Ray's kill is
+  asynchronous (the control store tells the worker to exit), and a call sent in between can still
+  reach the live process and answer.
 
 Tests register what each role runs (``FakeActors(roles={"rollout": FakeRollout, ...})``) and
 may script faults on the objects (they are plain Python: ``layer.objects(name)``).
@@ -152,9 +155,12 @@ def _task_error(method: str, cause: BaseException) -> BaseException:
 class FakeActors:
     """:class:`resilient_rl.job.actors.Actors` in memory (see module doc)."""
 
-    def __init__(self, roles: dict[str, Any] | None = None, *, name_release_s: float = 0.05) -> None:
+    def __init__(
+        self, roles: dict[str, Any] | None = None, *, name_release_s: float = 0.05, kill_delay_s: float = 0.0
+    ) -> None:
         self.roles = dict(roles or {})
         self.name_release_s = name_release_s
+        self.kill_delay_s = kill_delay_s
         self.tasks: dict[str, Callable[..., Any]] = {}  # a task function's name -> what runs instead
         self._live: dict[str, _Actor] = {}
         self._released_at: dict[str, float] = {}  # killed names -> when they are free again
@@ -238,6 +244,12 @@ class FakeActors:
         return values if many else values[0]
 
     def kill(self, actor: _Actor) -> None:
+        if self.kill_delay_s > 0:
+            threading.Timer(self.kill_delay_s, self._kill_now, args=(actor,)).start()
+        else:
+            self._kill_now(actor)
+
+    def _kill_now(self, actor: _Actor) -> None:
         actor.kill()
         with self._cond:
             if self._live.get(actor.name) is actor:
