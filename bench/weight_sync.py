@@ -219,12 +219,17 @@ def model_stats(model_dir: str) -> tuple[int, int]:
     return params, nbytes
 
 
-def start_ray(temp: Path) -> None:
+def start_ray(temp: Path, object_store_gib: float | None = None, preallocate: bool = False) -> None:
+    """A local Ray node for the bench. ``object_store_gib``: the object store's size (Ray's
+    default, 30 % of memory, when None); ``preallocate``: Ray's ``preallocate_plasma_memory``,
+    every page of the store written once at start, so that no put lands in untouched pages."""
     import ray
 
     from resilient_rl.local import ray_env
 
     os.environ.update(ray_env())
+    if preallocate:
+        os.environ["RAY_preallocate_plasma_memory"] = "1"
     ray.init(
         num_cpus=max(os.cpu_count() or 1, 8),
         namespace="rrl",
@@ -232,6 +237,7 @@ def start_ray(temp: Path) -> None:
         log_to_driver=False,
         _temp_dir=str(temp),
         _node_ip_address="127.0.0.1",
+        object_store_memory=None if object_store_gib is None else int(object_store_gib * 2**30),
     )
 
 
@@ -248,7 +254,11 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     print(f"memcpy bandwidth: clone {clone_bw / 2**30:.2f} GiB/s, into a touched buffer {warm_bw / 2**30:.2f} GiB/s")
     port, peer = free_ports(2)
     etcd = start_etcd(root / "etcd", port, peer, root / "etcd.log")
-    start_ray(root / "ray")
+    t0 = time.monotonic()
+    start_ray(root / "ray", args.object_store_gib, args.preallocate)
+    print(f"Ray up in {time.monotonic() - t0:.1f} s (object store "
+          f"{'default size' if args.object_store_gib is None else f'{args.object_store_gib:g} GiB'}"
+          f"{', preallocated' if args.preallocate else ''})")  # fmt: skip
     bench = Bench(root, f"127.0.0.1:{port}")
     sizes: dict[str, Any] = {}
     runs: list[dict[str, Any]] = []
@@ -353,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="syncs per (size, engine, N)")
     ap.add_argument("--vllm-large", action="store_true", help="also run vLLM at sizes above 0.3M")
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/weight_sync.json")
+    ap.add_argument("--object-store-gib", type=float, default=None,
+                    help="the object store's size in GiB (default: Ray's, 30%% of memory)")  # fmt: skip
+    ap.add_argument("--preallocate", action="store_true",
+                    help="write every page of the object store at start (Ray's preallocate_plasma_memory)")  # fmt: skip
     args = ap.parse_args(argv)
     args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -360,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in args.sizes if s not in SIZES] + [e for e in args.engines if e not in ("hf", "vllm")]
     if bad or args.repeats < 1 or min(args.workers) < 1:
         ap.error(f"bad --sizes/--engines/--workers/--repeats: {bad or 'counts must be >= 1'}")
+    if args.object_store_gib is not None and not 0.1 <= args.object_store_gib <= 64:
+        ap.error(f"--object-store-gib must be within 0.1-64, not {args.object_store_gib:g}")
     m = common.machine()
     print(f"$ {common.command_line()}\n{common.machine_line(m)}")
     root = Path(tempfile.mkdtemp(prefix="rrl-ws-", dir="/tmp"))  # short: Ray's socket paths
