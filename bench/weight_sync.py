@@ -172,9 +172,11 @@ class Bench:
         """``n`` rollout workers, joined (adopted at version 0) the way ``RolloutGroup`` does."""
         import ray
 
+        from resilient_rl.job.actors import _remote_class
+
         job = job_name(size, engine)
         spec = job_spec(size, engine, n, job)
-        cls: Any = ray.remote(_timed_worker_class())
+        cls: Any = _remote_class(_timed_worker_class())  # its concurrency groups declared, as RayActors does
         workers = [
             cls.options(name=f"rrl:{job}:rollout:{i}", namespace="rrl", lifetime="detached", num_cpus=1,
                         runtime_env=worker_env())

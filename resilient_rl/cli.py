@@ -241,13 +241,29 @@ def up(
             help="Chaos testing: controllers serve the kill-a-worker route and button (kept for later `rrl up`s).",
         ),
     ] = None,
+    object_store_gib: Annotated[
+        float | None,
+        typer.Option(
+            "--object-store-gib",
+            min=0,
+            max=1024,
+            help="Ray head's object store in GiB, every page written once at start: published weights then land "
+            "in touched memory (a 100M-parameter sync to 4 workers 2.5x the memcpy floor instead of 7.6x, "
+            "BENCHMARKS.md section 4). Needs that much free in /dev/shm. Default: Ray's (30% of memory), not "
+            "preallocated; 0 goes back to it. Kept for later `rrl up`s.",
+        ),
+    ] = None,
 ) -> None:
     """Start the local platform (etcd, Ray head, controller) if not already running."""
-    from .local import Platform, PlatformError
+    from .local import Platform, PlatformError, check_object_store
 
     try:
+        check_object_store(object_store_gib)
+    except PlatformError as e:
+        fail(str(e), 2)
+    try:
         data = Platform().up(etcd=etcd, ray_address=ray_address, controllers=controllers, progress=out.print,
-                             allow_kill=allow_kill)  # fmt: skip
+                             allow_kill=allow_kill, object_store_gib=object_store_gib)  # fmt: skip
     except PlatformError as e:
         fail(str(e))
     out.print(f"[green]platform up[/]: etcd {data['etcd']}, ray {data['ray']}, home {Platform().home}")

@@ -1,0 +1,61 @@
+"""`rrl up --object-store-gib`: the Ray head's object store, that size and preallocated
+(BENCHMARKS.md section 4: weight versions land in touched memory). The sizes Ray cannot take
+are refused with exit 2 naming the flag, before anything starts; the head's command line and
+environment carry the size and Ray's ``preallocate_plasma_memory``. That the store is then
+really written at start was seen by hand (1 GiB in /dev/shm once the head was up)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resilient_rl import local
+from resilient_rl.local import Platform, PlatformError, check_object_store
+
+
+def test_sizes_ray_cannot_take_are_refused_naming_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    check_object_store(None)
+    check_object_store(0)  # Ray's default
+    with pytest.raises(PlatformError, match=r"--object-store-gib 0.05: .*at least 0.1 GiB"):
+        check_object_store(0.05)
+    usage = shutil.disk_usage("/")
+    monkeypatch.setattr(local.shutil, "disk_usage", lambda path: usage._replace(free=3 * 2**30))
+    check_object_store(2.5)
+    with pytest.raises(PlatformError, match=r"--object-store-gib 4: more than the 3.0 GiB free in /dev/shm"):
+        check_object_store(4)
+
+
+@pytest.mark.parametrize("gib", ["0.05", "-1", "nan"])
+def test_rrl_up_with_a_bad_size_exits_2_and_starts_nothing(tmp_path: Path, gib: str) -> None:
+    rrl = Path(sys.executable).parent / "rrl"
+    p = subprocess.run([str(rrl), "up", "--object-store-gib", gib], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "RRL_HOME": str(tmp_path)})  # fmt: skip
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "object-store-gib" in p.stderr and "Traceback" not in p.stderr + p.stdout, p.stderr
+    assert not (tmp_path / "platform.json").exists() and not (tmp_path / "logs").exists()
+
+
+def test_the_ray_head_gets_the_size_and_preallocation_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spawned: list[tuple[list[str], dict[str, str]]] = []
+
+    def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> Any:
+        spawned.append((argv, dict(env or {})))
+        return local.ManagedProcess(name, 0)
+
+    monkeypatch.setattr(local.ManagedProcess, "spawn", staticmethod(spawn))
+    monkeypatch.setattr(local, "_await_port", lambda *a, **k: None)
+    platform = Platform(tmp_path)
+    platform._start_ray(1234, tmp_path / "ray.log", object_store_gib=1.5)
+    platform._start_ray(1234, tmp_path / "ray.log")
+    (asked, asked_env), (plain, plain_env) = spawned
+    i = asked.index("--object-store-memory")
+    assert asked[i + 1] == str(int(1.5 * 2**30)) and asked_env["RAY_preallocate_plasma_memory"] == "1"
+    assert "--object-store-memory" not in plain and "RAY_preallocate_plasma_memory" not in plain_env
