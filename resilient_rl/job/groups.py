@@ -407,6 +407,9 @@ class TrainerGroup:
         self.after_ranks_created: Callable[[], None] | None = None
         # a hot recovery's retried step: no spare is refilled until it is committed (see fill_spares)
         self.refill_after: int | None = None
+        # why the last hot path did not apply, and when (monotonic): the cold restart that follows
+        # says it in its event (``hot_refused``), not only the controller's log
+        self.refused: tuple[str, float] | None = None
         c = ctx
         # warm spares, ready to be promoted: taking one raises its fence to this leader's
         self.spares = SparePool(ctx, "trainer-spare", self._create_spare,
@@ -648,9 +651,13 @@ class TrainerGroup:
         Returns the weights of version k (as :meth:`start`)."""
         self.ctx.check_leader()
         t0 = time.monotonic()
+        refused, self.refused = self.refused, None
+        note = {} if resize or refused is None or t0 - refused[1] > 60.0 else {"hot_refused": refused[0]}
+        if note:
+            why += f"; not hot: {note['hot_refused']}"
         self.ctx.event(Kind.PREEMPTED if preempted else Kind.TRAINER_RESTART,
                        f"{why}: restarting {world} trainer ranks at step {k}", world=world, group="trainer",
-                       cause=cause, resize=resize, step=k, **({} if resize else {"recovery": "cold"}))  # fmt: skip
+                       cause=cause, resize=resize, step=k, **({} if resize else {"recovery": "cold"}), **note)  # fmt: skip
         if not preempted and not resize:
             self.faults.restart("trainer")
         weights = self.start_retrying(k, world)
@@ -673,8 +680,9 @@ class TrainerGroup:
         ``preempted``: the lost ranks were stopped on notice at a step boundary (the runner's
         ``_hand_over``): a ``preempted`` event instead of a fault's, no restart spent."""
         A, c = self.actors, self.ctx
+        self.refused = None
         if self.strategy not in ("ddp", "fsdp"):
-            return False
+            return self._refuse(f"strategy {self.strategy} has no hot path")
         if self.world == 1:
             return self._recover_alone(k, refs[0], why, preempted=preempted)
         t_wait = time.monotonic()
@@ -685,16 +693,14 @@ class TrainerGroup:
         if self.strategy == "fsdp":
             return self._recover_from_shadow(k, lost, survivors, status, why, t_wait, preempted=preempted)
         if any(x["step"] != k or x["busy"] for x in status):
-            log.warning("job %s: surviving trainer ranks at steps %s, committed %d: cold path",
-                        c.job, [x["step"] for x in status], k)  # fmt: skip
-            return False
+            return self._refuse(f"surviving trainer ranks at steps {[x['step'] for x in status]}"
+                                f"{' (busy)' if any(x['busy'] for x in status) else ''}, committed {k}")  # fmt: skip
         committed = c.read_state().get("state_sketch") or []
         moved = [i for i, x in zip(survivors, status, strict=True)
                  if committed and x.get("sketch") != committed[i if i < len(committed) else 0]]  # fmt: skip
         if moved:  # its step counter says k, its state is not step k's: it cannot be trusted
-            log.warning("job %s: surviving trainer rank(s) %s do not hold the state committed at step %d "
-                        "(sketch differs): cold path", c.job, moved, k)  # fmt: skip
-            return False
+            return self._refuse(f"surviving trainer rank(s) {moved} do not hold the state committed at step {k} "
+                                "(sketch differs)")  # fmt: skip
         t0 = time.monotonic()
         phases = {"survivors": round(t0 - t_wait, 3)}  # their calls ending, their answers, the sketch check
         if not preempted:
@@ -732,6 +738,13 @@ class TrainerGroup:
                 spares_used=len(promoted), phases=phases, preempted=preempted)  # fmt: skip
         self.refill_after = k
         return True
+
+    def _refuse(self, reason: str) -> bool:
+        """The hot path does not apply: say why in the log and keep it for the cold restart's
+        event (:meth:`restart`). Returns False (nothing was changed)."""
+        log.warning("job %s: %s: cold path", self.ctx.job, reason)
+        self.refused = (reason, time.monotonic())
+        return False
 
     def _newcomers(self, lost: list[int]) -> tuple[dict[int, tuple[str, Any]], dict[int, Any]]:
         """Kill the lost ranks' actors; a warm spare for each if one answers (``promoted``: index
@@ -775,7 +788,7 @@ class TrainerGroup:
         for i, ref in enumerate(refs):
             done, _ = A.wait([ref], timeout=0)
             if not done:
-                log.warning("job %s: trainer rank %d still in step %d after %.0fs: cold path", c.job, i, k, wait_s)
+                self._refuse(f"trainer rank {i} still in step {k} after {wait_s:.0f}s")
                 return None
             try:
                 A.get(ref, timeout=0)
@@ -784,14 +797,14 @@ class TrainerGroup:
                 c.raise_if_stale(e)
                 (lost if actor_died(e) else survivors).append(i)
         if not lost or not survivors:
-            log.warning("job %s: trainer ranks lost %s, survived %s in step %d: cold path", c.job, lost, survivors, k)
+            self._refuse(f"trainer ranks lost {lost}, survived {survivors} in step {k}")
             return None
         try:
             status = A.get([A.call(self.ranks[i], "adopt", c.token, c.spec.digest()) for i in survivors],
                            timeout=c.spec.fault.lease_ttl + 5.0)  # fmt: skip
         except Exception as e:
             c.raise_if_stale(e)
-            log.warning("job %s: a surviving trainer rank does not answer (%s): cold path", c.job, describe_error(e))
+            self._refuse(f"a surviving trainer rank does not answer ({describe_error(e)})")
             return None
         return lost, survivors, status
 
@@ -812,15 +825,14 @@ class TrainerGroup:
 
         A, c = self.actors, self.ctx
         if any(x["busy"] for x in status):
-            return False
+            return self._refuse("a surviving trainer rank is busy")
         store = A.find(c.actor_name("weights", 0))
         if store is None:
-            return False
+            return self._refuse("no weight store answers")
         _, s = choose_restore(c, k)
         shadow = self._usable_shadow(store, k, s, self.world, "fsdp")
         if shadow is None:
-            log.warning("job %s: no usable shadow copy of the fsdp shards at or before step %d: cold path", c.job, k)
-            return False
+            return self._refuse(f"no usable shadow copy of the fsdp shards at or before step {k}")
         s = int(shadow["step"])
         t0 = time.monotonic()
         phases = {"survivors": round(t0 - t_wait, 3)}
@@ -883,15 +895,15 @@ class TrainerGroup:
         A, c = self.actors, self.ctx
         try:
             A.get(ref, timeout=0)
-            return False  # it finished: not a loss this path serves
+            return self._refuse("the only trainer rank answered: not a loss")  # (finished: not one this path serves)
         except Exception as e:
             c.raise_if_stale(e)
             if not actor_died(e):
-                return False
+                return self._refuse(f"the only trainer rank failed but did not die ({describe_error(e)})")
         store = A.find(c.actor_name("weights", 0))
         taken = self._take_spare()
         if taken is None or store is None:
-            return False
+            return self._refuse("no warm trainer spare answers" if store is not None else "no weight store answers")
         self._promote_alone(k, taken, store, why, cause="preempted" if preempted else "lost", preempted=preempted)
         return True
 

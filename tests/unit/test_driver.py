@@ -698,6 +698,7 @@ def test_hot_recovery_falls_back_to_the_cold_path_when_the_survivor_applied_the_
     assert job.finish() == "SUCCEEDED"
     (restart,) = job.events("trainer_restart")
     assert restart["recovery"] == "cold" and restart["cause"] == "lost"
+    assert restart["hot_refused"] == "surviving trainer ranks at steps [4], committed 3", restart  # why not hot
     assert job.c.lineage[3]["from_step"] == 2 and _digest_of_final_weights(job) == "0,1,2,3,4"
 
 
@@ -711,6 +712,7 @@ def test_hot_recovery_falls_back_to_the_cold_path_when_a_survivor_state_is_not_t
     assert job.finish() == "SUCCEEDED"
     (restart,) = job.events("trainer_restart")
     assert restart["recovery"] == "cold" and restart["cause"] == "lost"
+    assert restart["hot_refused"].startswith("surviving trainer rank(s) [0] do not hold the state"), restart
     assert job.c.lineage[3]["from_step"] == 2 and _digest_of_final_weights(job) == "0,1,2,3,4"
     assert job.c.state["state_sketch"] == ["5:" + ",".join(map(str, range(5)))] * 2  # the last commit's
 

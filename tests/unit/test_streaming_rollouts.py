@@ -305,7 +305,8 @@ def test_a_worker_on_a_draining_node_that_hangs_is_a_fault_and_its_successor_els
 
 def test_the_only_rank_preempted_without_a_spare_goes_the_cold_way_without_a_fault(tmp_path: Path) -> None:
     """World 1, no spare: nobody holds the state in a process, so the group restarts from the
-    newest snapshot (+ replay) at the boundary, still as a preemption: nothing spent, exact."""
+    newest snapshot (+ replay) at the boundary, still as a preemption: nothing spent, exact. The
+    event says why the hot path did not serve (``hot_refused``)."""
     script = Script(train_delay_s=0.3)
     job = Job(tmp_path, script, steps=6, trainer={"replicas": 1, "spares": 0}, fault={"max_restarts": 0})
     job.c.membership["trainer"] = {"0": {"status": "training"}}
@@ -323,6 +324,7 @@ def test_the_only_rank_preempted_without_a_spare_goes_the_cold_way_without_a_fau
     assert job.finish() == "SUCCEEDED", job.c.state.get("reason")
     (pre,) = job.events("preempted")
     assert pre["group"] == "trainer" and pre["recovery"] == "cold", pre
+    assert pre["hot_refused"] == "no warm trainer spare answers" and "; not hot: no warm" in pre["message"], pre
     assert job.events("trainer_restart") == []
     assert job.c.state["weights_digest"] == "0,1,2,3,4,5"
 
