@@ -23,7 +23,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,21 +221,47 @@ def start_etcd(
         "--election-timeout", "1000",
         *(extra or []),
     ]  # fmt: skip
-    proc = ManagedProcess.spawn(f"etcd:{name}", argv, log_path)
-    _await_port(proc, client_port, "etcd", log_path, wait, poll=0.05)
+    proc = _start_and_await(lambda: ManagedProcess.spawn(f"etcd:{name}", argv, log_path), client_port, "etcd",
+                            log_path, wait, poll=0.05)  # fmt: skip
     if not proc.alive():  # the port answered, but not for this process (it was taken)
         raise PlatformError(f"etcd exited at start; see {log_path}:\n{_tail(log_path)}")
     return proc
 
 
-def _await_port(proc: ManagedProcess, port: int, what: str, log_path: Path, wait: float, poll: float) -> None:
-    """Wait until ``proc`` (just started, recorded nowhere yet) opens 127.0.0.1:``port``. It is
-    stopped if it does not within ``wait`` seconds (PlatformError), and if Ctrl-C or SIGTERM
+@contextlib.contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """Hold SIGINT and SIGTERM (in the main thread) for the body: they are collected in the list
+    yielded instead of handled; the handlers are restored at the end. For a spawn, which a signal
+    must not interrupt between the child's start and the parent's handle on it."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    old = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield held
+    finally:
+        for s, h in old.items():
+            if h is not None:
+                signal.signal(s, h)
+
+
+def _start_and_await(
+    spawn: Callable[[], ManagedProcess], port: int, what: str, log_path: Path, wait: float, poll: float
+) -> ManagedProcess:
+    """Start a process (``spawn``) and wait until it opens 127.0.0.1:``port``. It is stopped if
+    it does not within ``wait`` seconds (PlatformError), and if Ctrl-C or SIGTERM
     (``resilient_rl.signals``) interrupts the wait, which then goes on interrupting: else it would
-    run on with no record that ``rrl down`` could stop it by. PlatformError with the log's tail if
-    it exits first."""
+    run on with no record that ``rrl down`` could stop it by. A signal that comes while the
+    process is being spawned is held and handled once its handle is here (one that came inside
+    ``subprocess.Popen`` left a Ray head running, unrecorded: CI, 2026-12-07). PlatformError with
+    the log's tail if it exits first."""
+    with _signals_held() as held:
+        proc = spawn()
     deadline = time.monotonic() + wait
     try:
+        for s in held:
+            signal.raise_signal(s)  # to the handler restored above: raises here, and proc is stopped
         while not port_open("127.0.0.1", port):
             if not proc.alive():
                 raise PlatformError(f"{what} exited at start; see {log_path}:\n{_tail(log_path)}")
@@ -244,6 +272,7 @@ def _await_port(proc: ManagedProcess, port: int, what: str, log_path: Path, wait
     except (KeyboardInterrupt, SystemExit):
         proc.stop(timeout=5.0)
         raise
+    return proc
 
 
 def check_object_store(gib: float | None, shm: str = "/dev/shm") -> None:
@@ -440,9 +469,8 @@ class Platform:
         if object_store_gib:
             argv += ["--object-store-memory", str(int(object_store_gib * 2**30))]
             env["RAY_preallocate_plasma_memory"] = "1"
-        proc = ManagedProcess.spawn("ray", argv, log_path, env=env)
-        _await_port(proc, port, "Ray head", log_path, wait, poll=0.2)
-        return proc
+        return _start_and_await(lambda: ManagedProcess.spawn("ray", argv, log_path, env=env), port, "Ray head",
+                                log_path, wait, poll=0.2)  # fmt: skip
 
     def down(self, progress: Any = print) -> list[str]:
         """Stop every process ``up`` started (controllers first, etcd last). Returns their names."""

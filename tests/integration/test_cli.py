@@ -124,7 +124,9 @@ def _platform_pids(home: Path) -> list[int]:
 
 
 def _home_pids(home: Path) -> list[int]:
-    """Every live process whose command line names ``home`` (etcd's data dir, Ray's temp dir)."""
+    """Every live process whose command line names ``home`` (etcd's data dir) or Ray's temp dir
+    for it (outside ``home``: ``Platform.ray_temp_dir``)."""
+    names = (str(home), str(Platform(home).ray_temp_dir()))
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -132,7 +134,7 @@ def _home_pids(home: Path) -> list[int]:
                 cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if str(home) in cmd and pid_alive(int(d.name)):
+            if any(n in cmd for n in names) and pid_alive(int(d.name)):
                 out.append(int(d.name))
     return out
 

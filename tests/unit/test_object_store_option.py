@@ -51,7 +51,7 @@ def test_the_ray_head_gets_the_size_and_preallocation_only_when_asked(
         return local.ManagedProcess(name, 0)
 
     monkeypatch.setattr(local.ManagedProcess, "spawn", staticmethod(spawn))
-    monkeypatch.setattr(local, "_await_port", lambda *a, **k: None)
+    monkeypatch.setattr(local, "port_open", lambda *a, **k: True)
     platform = Platform(tmp_path)
     platform._start_ray(1234, tmp_path / "ray.log", object_store_gib=1.5)
     platform._start_ray(1234, tmp_path / "ray.log")
@@ -59,3 +59,34 @@ def test_the_ray_head_gets_the_size_and_preallocation_only_when_asked(
     i = asked.index("--object-store-memory")
     assert asked[i + 1] == str(int(1.5 * 2**30)) and asked_env["RAY_preallocate_plasma_memory"] == "1"
     assert "--object-store-memory" not in plain and "RAY_preallocate_plasma_memory" not in plain_env
+
+
+def test_a_sigterm_while_the_ray_head_is_spawned_stops_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signal comes inside the spawn (as it did once in CI, inside ``subprocess.Popen``, and
+    left a Ray head running that nothing recorded): it is held until the process's handle is
+    here, then handled, and the process is stopped."""
+    import signal
+
+    stopped: list[int] = []
+
+    class Started(local.ManagedProcess):
+        def stop(self, timeout: float = 15.0) -> None:
+            stopped.append(self.pid)
+
+    def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the child is being started
+        return Started(name, 4242)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise SystemExit(143)  # as resilient_rl.signals.exit_on_sigterm does
+
+    monkeypatch.setattr(local.ManagedProcess, "spawn", staticmethod(spawn))
+    monkeypatch.setattr(local, "port_open", lambda *a, **k: False)
+    old = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with pytest.raises(SystemExit):
+            Platform(tmp_path)._start_ray(1234, tmp_path / "ray.log")
+        assert signal.getsignal(signal.SIGTERM) is on_sigterm  # the handler is back
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert stopped == [4242]
