@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, root: Path) -> None:
 
     port, peer = free_ports(2)
     etcd = start_etcd(root / "etcd", port, peer, root / "etcd.log")
-    gib = args.object_store_gib if args.preallocate or args.object_store_gib else None
+    gib = args.object_store_gib  # None: Ray's default (not --preallocate)
     ws.start_ray(root / "ray", gib, args.preallocate)
     print(f"object store: {'default size' if gib is None else f'{gib:g} GiB'}"
           f"{', preallocated' if args.preallocate else ''}")  # fmt: skip
@@ -109,10 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.populate and not args.preallocate:
         ap.error("--populate needs --preallocate (it would allocate every page of a store not written at start)")
-    if not 1 <= args.publishes <= 50 or not 0.1 <= args.object_store_gib <= 64:
-        ap.error("--publishes must be within 1-50 and --object-store-gib within 0.1-64")
+    if not 1 <= args.publishes <= 50:
+        ap.error("--publishes must be within 1-50")
     if not args.preallocate:
         args.object_store_gib = None
+    if error := ws.object_store_error(args.object_store_gib):
+        ap.error(error)
     line = " ".join(shlex.quote(a) for a in [".venv/bin/python", "-m", "bench.publish_faults", *sys.argv[1:]])
     print(f"$ {line}\n{common.machine_line(common.machine())}")
     root = Path(tempfile.mkdtemp(prefix="rrl-pf-", dir="/tmp"))  # short: Ray's socket paths

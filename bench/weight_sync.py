@@ -221,6 +221,17 @@ def model_stats(model_dir: str) -> tuple[int, int]:
     return params, nbytes
 
 
+def object_store_error(gib: float | None) -> str | None:
+    """Why ``--object-store-gib`` cannot be ``gib`` here, by the bounds ``rrl up`` applies."""
+    from resilient_rl.local import PlatformError, check_object_store
+
+    try:
+        check_object_store(gib)
+    except PlatformError as e:
+        return str(e)
+    return None if gib is None or gib > 0 else f"--object-store-gib {gib:g}: must be above 0"  # 0, NaN
+
+
 def start_ray(temp: Path, object_store_gib: float | None = None, preallocate: bool = False) -> None:
     """A local Ray node for the bench. ``object_store_gib``: the object store's size (Ray's
     default, 30 % of memory, when None); ``preallocate``: Ray's ``preallocate_plasma_memory``,
@@ -376,8 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in args.sizes if s not in SIZES] + [e for e in args.engines if e not in ("hf", "vllm")]
     if bad or args.repeats < 1 or min(args.workers) < 1:
         ap.error(f"bad --sizes/--engines/--workers/--repeats: {bad or 'counts must be >= 1'}")
-    if args.object_store_gib is not None and not 0.1 <= args.object_store_gib <= 64:
-        ap.error(f"--object-store-gib must be within 0.1-64, not {args.object_store_gib:g}")
+    if error := object_store_error(args.object_store_gib):
+        ap.error(error)
     m = common.machine()
     print(f"$ {common.command_line()}\n{common.machine_line(m)}")
     root = Path(tempfile.mkdtemp(prefix="rrl-ws-", dir="/tmp"))  # short: Ray's socket paths

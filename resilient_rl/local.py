@@ -232,18 +232,27 @@ def start_etcd(
 def _signals_held() -> Iterator[list[int]]:
     """Hold SIGINT and SIGTERM (in the main thread) for the body: they are collected in the list
     yielded instead of handled; the handlers are restored at the end. For a spawn, which a signal
-    must not interrupt between the child's start and the parent's handle on it."""
+    must not interrupt between the child's start and the parent's handle on it. If the body
+    raises (the spawn failed: nothing to stop), the held signals are handled at once."""
     held: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield held
         return
     old = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield held
-    finally:
+
+    def restore() -> None:
         for s, h in old.items():
             if h is not None:
                 signal.signal(s, h)
+
+    try:
+        yield held
+    except BaseException:
+        restore()
+        for s in held:
+            signal.raise_signal(s)  # a handler that raises replaces the spawn's error: the stop was asked
+        raise
+    restore()
 
 
 def _start_and_await(
@@ -429,11 +438,17 @@ class Platform:
                 "--http-port", str(port), "--token-file", str(token_path(self.home)),
                 *(["--allow-kill"] if allow_kill else []),
             ]  # fmt: skip
-            p = ManagedProcess.spawn(name, argv, logs / f"{name}.log", env={**ray_env(), "RRL_HOME": str(self.home)})
-            procs[name] = {"pid": p.pid, "log": str(logs / f"{name}.log")}
-            api[name] = f"http://127.0.0.1:{port}"
-            data["api"] = api
-            self.save(data)
+            # a signal while it is spawned is handled once it is recorded, so `rrl down` stops it
+            with _signals_held() as held:
+                p = ManagedProcess.spawn(
+                    name, argv, logs / f"{name}.log", env={**ray_env(), "RRL_HOME": str(self.home)}
+                )
+                procs[name] = {"pid": p.pid, "log": str(logs / f"{name}.log")}
+                api[name] = f"http://127.0.0.1:{port}"
+                data["api"] = api
+                self.save(data)
+            for s in held:
+                signal.raise_signal(s)  # to the handler restored above
         return data
 
     def ray_temp_dir(self) -> Path:

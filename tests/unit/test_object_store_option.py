@@ -90,3 +90,49 @@ def test_a_sigterm_while_the_ray_head_is_spawned_stops_it(tmp_path: Path, monkey
     finally:
         signal.signal(signal.SIGTERM, old)
     assert stopped == [4242]
+
+
+def test_a_sigterm_while_a_controller_is_spawned_leaves_it_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same window for a controller: the signal is handled once the controller is in
+    platform.json, where `rrl down` finds it."""
+    import signal
+
+    def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return local.ManagedProcess(name, 4343)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise SystemExit(143)
+
+    monkeypatch.setattr(local.ManagedProcess, "spawn", staticmethod(spawn))
+    platform = Platform(tmp_path)
+    old = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with pytest.raises(SystemExit):
+            platform.up(etcd="127.0.0.1:1", ray_address="127.0.0.1:2", progress=lambda *_: None)
+        assert signal.getsignal(signal.SIGTERM) is on_sigterm
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert platform.load()["processes"]["controller-0"]["pid"] == 4343
+
+
+def test_a_sigterm_during_a_spawn_that_fails_is_not_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise OSError("no such binary")
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise SystemExit(143)
+
+    monkeypatch.setattr(local.ManagedProcess, "spawn", staticmethod(spawn))
+    old = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with pytest.raises(SystemExit):  # the stop that was asked, not the OSError
+            Platform(tmp_path)._start_ray(1234, tmp_path / "ray.log")
+        assert signal.getsignal(signal.SIGTERM) is on_sigterm
+    finally:
+        signal.signal(signal.SIGTERM, old)
