@@ -22,6 +22,16 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """What a slow or failing run on a shared machine is read against: the free disk where the
+    tests write (a CI run once died of ENOSPC, its disk shared with other machines) and the load."""
+    import tempfile
+
+    where = {"temporary folders": Path(tempfile.gettempdir()), "the checkout": REPO}
+    free = ", ".join(f"{shutil.disk_usage(p).free / 1e9:.1f} GB for {k} ({p})" for k, p in where.items())
+    return [f"free disk: {free}", f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if shutil.which("etcd") is None and not os.path.exists("/usr/bin/etcd"):
         raise pytest.UsageError(
