@@ -257,8 +257,9 @@ def up(
     """Start the local platform (etcd, Ray head, controller) if not already running."""
     from .local import Platform, PlatformError, check_object_store
 
-    try:
-        check_object_store(object_store_gib)
+    try:  # the room in /dev/shm matters only where a Ray head is started here
+        starts_ray = not ray_address and "ray" not in Platform().running()
+        check_object_store(object_store_gib, shm="/dev/shm" if starts_ray else None)
     except PlatformError as e:
         fail(str(e), 2)
     try:

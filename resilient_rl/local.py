@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -238,14 +239,15 @@ def _signals_held() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():
         yield held
         return
-    old = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    old: dict[int, Any] = {}
 
     def restore() -> None:
-        for s, h in old.items():
-            if h is not None:
-                signal.signal(s, h)
+        for s, h in old.items():  # None: a handler installed from C, which Python cannot put back
+            signal.signal(s, signal.SIG_DFL if h is None else h)
 
     try:
+        for s in (signal.SIGINT, signal.SIGTERM):  # one at a time: a signal between two is restored
+            old[s] = signal.signal(s, lambda signum, frame: held.append(signum))
         yield held
     except BaseException:
         restore()
@@ -265,12 +267,13 @@ def _start_and_await(
     process is being spawned is held and handled once its handle is here (one that came inside
     ``subprocess.Popen`` left a Ray head running, unrecorded: CI, 2026-12-07). PlatformError with
     the log's tail if it exits first."""
-    with _signals_held() as held:
-        proc = spawn()
-    deadline = time.monotonic() + wait
+    proc: ManagedProcess | None = None
     try:
+        with _signals_held() as held:
+            proc = spawn()
         for s in held:
             signal.raise_signal(s)  # to the handler restored above: raises here, and proc is stopped
+        deadline = time.monotonic() + wait
         while not port_open("127.0.0.1", port):
             if not proc.alive():
                 raise PlatformError(f"{what} exited at start; see {log_path}:\n{_tail(log_path)}")
@@ -279,25 +282,31 @@ def _start_and_await(
                 raise PlatformError(f"{what} did not open 127.0.0.1:{port} within {wait:.0f}s; see {log_path}")
             time.sleep(poll)
     except (KeyboardInterrupt, SystemExit):
-        proc.stop(timeout=5.0)
+        if proc is not None:
+            proc.stop(timeout=5.0)
         raise
     return proc
 
 
-def check_object_store(gib: float | None, shm: str = "/dev/shm") -> None:
-    """PlatformError, naming ``--object-store-gib``, for a size Ray's store cannot take here:
-    under Ray's minimum (75 MiB; 0.1 GiB here), or more than the shared memory (``shm``) can
-    hold, where Ray would fall back to a store on disk; the whole size is written at start."""
-    if not gib:
+def check_object_store(gib: Any, shm: str | None = "/dev/shm", name: str = "--object-store-gib") -> None:
+    """PlatformError, naming ``name`` (the flag, or where the value was read), for a size Ray's
+    store cannot take here: not a finite number, under Ray's minimum (75 MiB; 0.1 GiB here), or
+    more than the shared memory (``shm``; None: not asked) can hold, where Ray would fall back to
+    a store on disk; the whole size is written at start. None and 0: Ray's default."""
+    if gib is None or (isinstance(gib, (int, float)) and not isinstance(gib, bool) and gib == 0):
         return
+    if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not math.isfinite(gib):
+        raise PlatformError(f"{name} {gib!r}: not a size in GiB")
     if gib < 0.1:
-        raise PlatformError(f"--object-store-gib {gib:g}: Ray's object store needs at least 0.1 GiB")
+        raise PlatformError(f"{name} {gib:g}: Ray's object store needs at least 0.1 GiB")
+    if shm is None:
+        return
     try:
         room = shutil.disk_usage(shm).free / 2**30
     except OSError:
         return  # no /dev/shm (not Linux): Ray judges
     if gib > room:
-        raise PlatformError(f"--object-store-gib {gib:g}: more than the {room:.1f} GiB free in {shm}, "
+        raise PlatformError(f"{name} {gib:g}: more than the {room:.1f} GiB free in {shm}, "
                             "which holds the whole store once it is preallocated")  # fmt: skip
 
 
@@ -380,6 +389,7 @@ class Platform:
         allow_kill = bool(data.get("allow_kill", False))
         procs: dict[str, Any] = self.running()
         if object_store_gib is not None:
+            check_object_store(object_store_gib, shm=None)  # a value that is no size is not kept
             if object_store_gib and ray_address:
                 progress("--object-store-gib: no Ray head is started here (--ray-address); size that cluster's "
                          "store where it starts (`ray start --object-store-memory`, RAY_preallocate_plasma_memory=1)")  # fmt: skip
@@ -387,7 +397,9 @@ class Platform:
                 progress("--object-store-gib: the Ray head runs already with its object store; the new size "
                          "applies when it next starts (`rrl down`, then `rrl up`)")  # fmt: skip
             data["object_store_gib"] = object_store_gib or None
-        check_object_store(data.get("object_store_gib"))
+        if not ray_address and "ray" not in procs:  # a Ray head is started below, with this store
+            check_object_store(data.get("object_store_gib"), name="--object-store-gib" if object_store_gib else
+                               f"object_store_gib in {self.file} (an earlier `rrl up --object-store-gib`)")  # fmt: skip
         ports = data.get("ports") or {}
         logs = self.home / "logs"
 
@@ -443,10 +455,14 @@ class Platform:
                 p = ManagedProcess.spawn(
                     name, argv, logs / f"{name}.log", env={**ray_env(), "RRL_HOME": str(self.home)}
                 )
-                procs[name] = {"pid": p.pid, "log": str(logs / f"{name}.log")}
-                api[name] = f"http://127.0.0.1:{port}"
-                data["api"] = api
-                self.save(data)
+                try:
+                    procs[name] = {"pid": p.pid, "log": str(logs / f"{name}.log")}
+                    api[name] = f"http://127.0.0.1:{port}"
+                    data["api"] = api
+                    self.save(data)
+                except BaseException:  # not recorded (a full disk): not left running either
+                    p.stop(timeout=5.0)
+                    raise
             for s in held:
                 signal.raise_signal(s)  # to the handler restored above
         return data

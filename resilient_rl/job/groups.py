@@ -918,7 +918,7 @@ class TrainerGroup:
         promoted spare's state misses the commit (the caller takes the cold path too)."""
         A, c = self.actors, self.ctx
         if not c.spec.trainer.hot_recovery or c.spec.trainer.spares < 1 or c.strategy() not in ("ddp", "fsdp"):
-            return False
+            return self._refuse("hot recovery is off, or no trainer spares, or a strategy without a shadow copy")
         self.strategy = c.strategy()
         self.spares.adopt_running(set(self.rank_names(1)))
         # their warm() answers at once for a warm spare; one still warming is given a lease TTL
@@ -930,10 +930,10 @@ class TrainerGroup:
         store = A.find(c.actor_name("weights", 0))
         taken = self._take_spare() if store is not None else None
         if taken is None:
-            return False
+            return self._refuse("no warm trainer spare answers" if store is not None else "no weight store answers")
         if A.get(A.call(taken[1], "adopt", c.token, c.spec.digest()), timeout=30).get("strategy") != self.strategy:
             A.kill(taken[1])  # warmed under the strategy before an ``rrl scale --strategy``
-            return False
+            return self._refuse(f"the warm spare was built for another strategy than {self.strategy}")
         self._promote_alone(k, taken, store, why, cause="take_over")
         return True
 

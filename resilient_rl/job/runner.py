@@ -452,7 +452,8 @@ class JobRunner:
         ``killed``: ranks this runner has just killed while they were healthy (a hand-over). A kill
         is asynchronous: a call sent right after it can still reach the live process and answer,
         and the hot path would then see no rank lost; such a rank is asked again (every 0.2 s, at
-        most 30 s in all) until its call fails."""
+        most 30 s in all) until its call fails as a dead actor's does (any other answer or error
+        is the live process's). A call still running at the end is the hot path's to judge."""
         A = self.actors
         ranks = self.trainers.ranks
         calls = Training(k, [A.call(r, "adopt", self.token, self.spec.digest()) for r in ranks],
@@ -461,14 +462,17 @@ class JobRunner:
         A.wait(calls.refs, num_returns=len(calls.refs), timeout=30)
         for i in killed:
             while time.monotonic() < end:
+                self.ctx.check_leader()  # a deposed leader stops asking (this can take 30 s)
+                if not A.wait([calls.refs[i]], timeout=min(0.2, max(0.0, end - time.monotonic())))[0]:
+                    continue  # still running
                 try:
                     A.get(calls.refs[i], timeout=0)
-                except Exception as e:  # (still running after 30 s: the hot path's own wait judges it)
+                except Exception as e:
                     self.ctx.raise_if_stale(e)
-                    break
+                    if actor_died(e):
+                        break  # the kill has landed
                 time.sleep(0.2)  # it answered: the kill has not reached it yet
                 calls.refs[i] = A.call(ranks[i], "adopt", self.token, self.spec.digest())
-                A.wait([calls.refs[i]], timeout=max(0.0, end - time.monotonic()))
         return calls
 
     def _train(self, k: int, batch: dict[int, dict[str, Any]]) -> Training:

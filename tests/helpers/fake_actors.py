@@ -245,7 +245,9 @@ class FakeActors:
 
     def kill(self, actor: _Actor) -> None:
         if self.kill_delay_s > 0:
-            threading.Timer(self.kill_delay_s, self._kill_now, args=(actor,)).start()
+            timer = threading.Timer(self.kill_delay_s, self._kill_now, args=(actor,))
+            timer.daemon = True  # never outlives the test run
+            timer.start()
         else:
             self._kill_now(actor)
 

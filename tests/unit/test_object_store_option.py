@@ -136,3 +136,34 @@ def test_a_sigterm_during_a_spawn_that_fails_is_not_dropped(tmp_path: Path, monk
         assert signal.getsignal(signal.SIGTERM) is on_sigterm
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1, "4", True])
+def test_a_value_that_is_no_size_is_refused_wherever_it_comes_from(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(PlatformError, match="--object-store-gib"):
+        check_object_store(bad, shm=None)
+    # written into platform.json by hand: named there, refused before anything starts
+    Platform(tmp_path).save({"object_store_gib": bad})
+    with pytest.raises(PlatformError, match=r"object_store_gib in .*platform\.json"):
+        Platform(tmp_path).up(progress=lambda *_: None)
+    assert "processes" not in Platform(tmp_path).load()
+
+
+def test_the_room_in_shm_is_asked_only_where_a_ray_head_is_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store of 5 GiB written at start leaves /dev/shm 5 GiB fuller: the `rrl up` that only
+    restarts a controller must not then refuse the size it started Ray with."""
+    usage = shutil.disk_usage("/")
+    monkeypatch.setattr(local.shutil, "disk_usage", lambda path: usage._replace(free=3 * 2**30))
+    started: list[str] = []
+    monkeypatch.setattr(local.ManagedProcess, "spawn",
+                        staticmethod(lambda name, *a, **k: started.append(name) or local.ManagedProcess(name, 1)))  # fmt: skip
+    monkeypatch.setattr(local, "pid_alive", lambda pid: True)  # the recorded Ray head is up
+    platform = Platform(tmp_path)
+    platform.save({"object_store_gib": 5, "etcd": "127.0.0.1:1", "ray": "127.0.0.1:2",
+                   "processes": {"etcd": {"pid": 1}, "ray": {"pid": 2}}})  # fmt: skip
+    platform.up(progress=lambda *_: None)
+    assert started == ["controller-0"]
+    with pytest.raises(PlatformError, match="more than the 3.0 GiB free"):  # where it would start one
+        Platform(tmp_path / "fresh").up(etcd="127.0.0.1:1", object_store_gib=5, progress=lambda *_: None)
