@@ -229,7 +229,7 @@ def object_store_error(gib: float | None) -> str | None:
         check_object_store(gib)
     except PlatformError as e:
         return str(e)
-    return None if gib is None or gib > 0 else f"--object-store-gib {gib:g}: must be above 0"  # 0, NaN
+    return None if gib is None or gib > 0 else f"--object-store-gib {gib:g}: must be above 0"  # 0: Ray's default
 
 
 def start_ray(temp: Path, object_store_gib: float | None = None, preallocate: bool = False) -> None:

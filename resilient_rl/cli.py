@@ -255,16 +255,13 @@ def up(
     ] = None,
 ) -> None:
     """Start the local platform (etcd, Ray head, controller) if not already running."""
-    from .local import Platform, PlatformError, check_object_store
+    from .local import Platform, PlatformError, PlatformInputError
 
-    try:  # the room in /dev/shm matters only where a Ray head is started here
-        starts_ray = not ray_address and "ray" not in Platform().running()
-        check_object_store(object_store_gib, shm="/dev/shm" if starts_ray else None)
-    except PlatformError as e:
-        fail(str(e), 2)
     try:
         data = Platform().up(etcd=etcd, ray_address=ray_address, controllers=controllers, progress=out.print,
                              allow_kill=allow_kill, object_store_gib=object_store_gib)  # fmt: skip
+    except PlatformInputError as e:  # checked before anything started
+        fail(str(e), 2)
     except PlatformError as e:
         fail(str(e))
     out.print(f"[green]platform up[/]: etcd {data['etcd']}, ray {data['ray']}, home {Platform().home}")
@@ -279,7 +276,7 @@ def run(
     name: Annotated[str | None, typer.Option("--name", help="Override the job's name (its id).")] = None,
 ) -> None:
     """One shot: `rrl up`, submit the job, follow it to the end (the platform stays up)."""
-    from .local import Platform, PlatformError
+    from .local import Platform, PlatformError, PlatformInputError
     from .spec import SpecError, load_spec
 
     try:
@@ -288,6 +285,8 @@ def run(
         fail(str(e), 2)
     try:
         data = Platform().up(progress=out.print)
+    except PlatformInputError as e:  # a value kept in platform.json
+        fail(str(e), 2)
     except PlatformError as e:
         fail(str(e))
     client = _api(data["etcd"])

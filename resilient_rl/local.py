@@ -36,6 +36,11 @@ class PlatformError(RuntimeError):
     """The local platform could not be started or stopped; the message says why."""
 
 
+class PlatformInputError(PlatformError):
+    """A value given to the platform (a flag, or one kept in platform.json) that it cannot take;
+    raised before anything is started. The CLI exits 2 on it."""
+
+
 def rrl_home() -> Path:
     return Path(os.environ.get("RRL_HOME") or Path.home() / ".rrl").expanduser()
 
@@ -233,8 +238,10 @@ def start_etcd(
 def _signals_held() -> Iterator[list[int]]:
     """Hold SIGINT and SIGTERM (in the main thread) for the body: they are collected in the list
     yielded instead of handled; the handlers are restored at the end. For a spawn, which a signal
-    must not interrupt between the child's start and the parent's handle on it. If the body
-    raises (the spawn failed: nothing to stop), the held signals are handled at once."""
+    must not interrupt between the child's start and the parent's handle on it. The held
+    signals are handled as the body ends, by the restored handlers: a handler that raises
+    does so at the ``with`` statement, after the body recorded what it spawned; if the body
+    raised (the spawn failed: nothing to stop), that handler's error replaces the body's."""
     held: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield held
@@ -249,12 +256,10 @@ def _signals_held() -> Iterator[list[int]]:
         for s in (signal.SIGINT, signal.SIGTERM):  # one at a time: a signal between two is restored
             old[s] = signal.signal(s, lambda signum, frame: held.append(signum))
         yield held
-    except BaseException:
+    finally:
         restore()
         for s in held:
             signal.raise_signal(s)  # a handler that raises replaces the spawn's error: the stop was asked
-        raise
-    restore()
 
 
 def _start_and_await(
@@ -269,10 +274,8 @@ def _start_and_await(
     the log's tail if it exits first."""
     proc: ManagedProcess | None = None
     try:
-        with _signals_held() as held:
+        with _signals_held():  # a held signal's handler raises at its end, and proc is stopped
             proc = spawn()
-        for s in held:
-            signal.raise_signal(s)  # to the handler restored above: raises here, and proc is stopped
         deadline = time.monotonic() + wait
         while not port_open("127.0.0.1", port):
             if not proc.alive():
@@ -289,16 +292,16 @@ def _start_and_await(
 
 
 def check_object_store(gib: Any, shm: str | None = "/dev/shm", name: str = "--object-store-gib") -> None:
-    """PlatformError, naming ``name`` (the flag, or where the value was read), for a size Ray's
+    """PlatformInputError, naming ``name`` (the flag, or where the value was read), for a size Ray's
     store cannot take here: not a finite number, under Ray's minimum (75 MiB; 0.1 GiB here), or
     more than the shared memory (``shm``; None: not asked) can hold, where Ray would fall back to
     a store on disk; the whole size is written at start. None and 0: Ray's default."""
     if gib is None or (isinstance(gib, (int, float)) and not isinstance(gib, bool) and gib == 0):
         return
     if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not math.isfinite(gib):
-        raise PlatformError(f"{name} {gib!r}: not a size in GiB")
+        raise PlatformInputError(f"{name} {gib!r}: not a size in GiB")
     if gib < 0.1:
-        raise PlatformError(f"{name} {gib:g}: Ray's object store needs at least 0.1 GiB")
+        raise PlatformInputError(f"{name} {gib:g}: Ray's object store needs at least 0.1 GiB")
     if shm is None:
         return
     try:
@@ -306,8 +309,8 @@ def check_object_store(gib: Any, shm: str | None = "/dev/shm", name: str = "--ob
     except OSError:
         return  # no /dev/shm (not Linux): Ray judges
     if gib > room:
-        raise PlatformError(f"{name} {gib:g}: more than the {room:.1f} GiB free in {shm}, "
-                            "which holds the whole store once it is preallocated")  # fmt: skip
+        raise PlatformInputError(f"{name} {gib:g}: more than the {room:.1f} GiB free in {shm}, "
+                                 "which holds the whole store once it is preallocated")  # fmt: skip
 
 
 def _tail(path: Path, n: int = 20) -> str:
@@ -451,7 +454,7 @@ class Platform:
                 *(["--allow-kill"] if allow_kill else []),
             ]  # fmt: skip
             # a signal while it is spawned is handled once it is recorded, so `rrl down` stops it
-            with _signals_held() as held:
+            with _signals_held():
                 p = ManagedProcess.spawn(
                     name, argv, logs / f"{name}.log", env={**ray_env(), "RRL_HOME": str(self.home)}
                 )
@@ -463,8 +466,6 @@ class Platform:
                 except BaseException:  # not recorded (a full disk): not left running either
                     p.stop(timeout=5.0)
                     raise
-            for s in held:
-                signal.raise_signal(s)  # to the handler restored above
         return data
 
     def ray_temp_dir(self) -> Path:

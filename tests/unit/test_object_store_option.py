@@ -149,6 +149,20 @@ def test_a_value_that_is_no_size_is_refused_wherever_it_comes_from(tmp_path: Pat
     assert "processes" not in Platform(tmp_path).load()
 
 
+@pytest.mark.parametrize("command", ["up", "run"])
+def test_a_bad_size_kept_in_platform_json_exits_2_from_the_cli(tmp_path: Path, command: str) -> None:
+    """`rrl up` and `rrl run` take the kept size when no flag is given: exit 2 naming the file,
+    as for a bad flag (PlatformInputError), not 1 as for a platform that failed to start."""
+    Platform(tmp_path).save({"object_store_gib": "lots"})
+    job = Path(__file__).parents[2] / "examples" / "copy-tiny.yaml"
+    args = ["up"] if command == "up" else ["run", str(job)]
+    p = subprocess.run([str(Path(sys.executable).parent / "rrl"), *args], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "RRL_HOME": str(tmp_path)})  # fmt: skip
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "platform.json" in p.stderr and "Traceback" not in p.stderr + p.stdout, p.stderr
+    assert "processes" not in Platform(tmp_path).load() and not (tmp_path / "logs").exists()
+
+
 def test_the_room_in_shm_is_asked_only_where_a_ray_head_is_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
