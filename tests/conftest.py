@@ -32,6 +32,35 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"free disk: {free}", f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the marker into the node id's "@group"
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The run is spread over two pytest-xdist workers (pyproject's addopts: ``-n 2 --dist
+    loadgroup``). The end-to-end tests run in two serial groups: those on the shared platform
+    (tests/e2e/conftest.py, one per worker process, so one in all) and those that start their
+    own (chaos runs, a Ray cluster, a stopped-and-restarted platform). Each group stays on one
+    worker; the other worker takes the unit and integration tests, which mostly wait (on
+    leases, timeouts, subprocesses) and so run beside an end-to-end job at little cost. At most
+    two end-to-end jobs run at once on the 2 cores."""
+    e2e = REPO / "tests" / "e2e"
+    for item in items:
+        if e2e in Path(item.path).parents:
+            group = "e2e-platform" if "platform" in getattr(item, "fixturenames", ()) else "e2e-own"
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _rrl_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test reaches the user's ~/.rrl: RRL_HOME is a folder of this run's unless a test
+    or fixture sets its own (the shared platform's, a test's tmp_path)."""
+    old = os.environ.get("RRL_HOME")
+    os.environ["RRL_HOME"] = str(tmp_path_factory.mktemp("rrl-home-default"))
+    yield
+    if old is None:
+        os.environ.pop("RRL_HOME", None)
+    else:
+        os.environ["RRL_HOME"] = old
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if shutil.which("etcd") is None and not os.path.exists("/usr/bin/etcd"):
         raise pytest.UsageError(
