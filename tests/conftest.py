@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,20 +33,42 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"free disk: {free}", f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the marker into the node id's "@group"
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The run is spread over two pytest-xdist workers (pyproject's addopts: ``-n 2 --dist
-    loadgroup``). The end-to-end tests run in two serial groups: those on the shared platform
-    (tests/e2e/conftest.py, one per worker process, so one in all) and those that start their
-    own (chaos runs, a Ray cluster, a stopped-and-restarted platform). Each group stays on one
-    worker; the other worker takes the unit and integration tests, which mostly wait (on
-    leases, timeouts, subprocesses) and so run beside an end-to-end job at little cost. At most
-    two end-to-end jobs run at once on the 2 cores."""
-    e2e = REPO / "tests" / "e2e"
-    for item in items:
-        if e2e in Path(item.path).parents:
-            group = "e2e-platform" if "platform" in getattr(item, "fixturenames", ()) else "e2e-own"
-            item.add_marker(pytest.mark.xdist_group(group))
+# The run is spread over two pytest-xdist workers (``-n 2`` in pyproject's addopts). The
+# end-to-end tests run in two serial groups, each on one worker: those on the shared platform
+# (tests/e2e/conftest.py; one per worker process, so one in all) and those of the modules
+# below, which start their own (chaos runs, a Ray cluster, a platform stopped and started
+# again, a bare vLLM engine). Each other test is a unit of its own: the unit and integration
+# tests mostly wait (on leases, timeouts, subprocesses), so they run beside an end-to-end job
+# at little cost, and at most two end-to-end jobs run at once on the 2 cores.
+E2E_OWN_PLATFORM = frozenset({"test_chaos.py", "test_node_loss.py", "test_resume.py", "test_model_vllm.py"})
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a test is sent to a worker in (see above)."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/e2e/"):
+        return "e2e-own" if path.rsplit("/", 1)[-1] in E2E_OWN_PLATFORM else "e2e-platform"
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduler over :func:`xdist_scope`. (Its ``--dist loadgroup`` cannot be used:
+    xdist 3.8 marks a group in ``item._nodeid``, which pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class E2EGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return E2EGroups(config, log)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test of a module in E2E_OWN_PLATFORM must not ask for the shared platform: it would
+    start a second one on the other worker."""
+    if xdist_scope(item.nodeid) == "e2e-own" and "platform" in getattr(item, "fixturenames", ()):
+        raise pytest.UsageError(f"{item.nodeid} uses the shared platform: take its module out of E2E_OWN_PLATFORM")
 
 
 @pytest.fixture(scope="session", autouse=True)
