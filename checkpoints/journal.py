@@ -162,7 +162,7 @@ class Journal:
         a group is there already: first writer wins. True if this call wrote it."""
         payload = json.dumps(body, sort_keys=True)
         data = json.dumps({"sha256": sha256(payload.encode()), "body": payload}).encode()
-        return self._write_part(step, shard, f"g-{pos:04d}.json", data)
+        return bool(self._write(atomic_create, self.parts_dir(step, shard) / f"g-{pos:04d}.json", data))
 
     def groups(self, step: int, shard: int) -> dict[int, dict[str, Any]]:
         """The finished groups of a shard, by position, digests verified. A group file that does
@@ -192,23 +192,8 @@ class Journal:
         """Claim group ``pos`` of a shard for worker ``who`` before generating it (first claim wins), so
         that two workers on one shard (an owner and its helper) do not both generate it. A claim is a
         promise, not data: ``release`` drops a lost worker's, and a journaled group needs none."""
-        return self._write_part(step, shard, f"c-{pos:04d}", who.encode())
-
-    def _write_part(self, step: int, shard: int, name: str, data: bytes) -> bool:
-        """Create file ``name`` in a shard's parts folder (first writer wins). The folder is
-        removed once the shard file holds every group (``drop_groups``, by whichever worker
-        wrote it), possibly while another worker on the shard (an owner and its helper) is
-        still writing: then the write is moot. If the folder goes under it, it is not written
-        (False); if it lands after the removal, in a folder it made again, it is removed again
-        (the shard file was written before the removal, so this check sees it). A leftover
-        parts folder was seen under load (CI, 2026-12-07)."""
-        try:
-            wrote = bool(self._write(atomic_create, self.parts_dir(step, shard) / name, data))
-        except FileNotFoundError:
-            return False  # the folder was removed between the temporary file and its link
-        if wrote and self.shard_written(step, shard):
-            self.drop_groups(step, shard)
-        return wrote
+        data = who.encode()
+        return bool(self._write(atomic_create, self.parts_dir(step, shard) / f"c-{pos:04d}", data))
 
     def claims(self, step: int, shard: int) -> dict[int, str]:
         """The shard's claims: position -> who."""

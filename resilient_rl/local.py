@@ -235,16 +235,16 @@ def start_etcd(
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[list[int]]:
-    """Hold SIGINT and SIGTERM (in the main thread) for the body: they are collected in the list
-    yielded instead of handled; the handlers are restored at the end. For a spawn, which a signal
-    must not interrupt between the child's start and the parent's handle on it. The held
-    signals are handled as the body ends, by the restored handlers: a handler that raises
-    does so at the ``with`` statement, after the body recorded what it spawned; if the body
-    raised (the spawn failed: nothing to stop), that handler's error replaces the body's."""
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM (in the main thread) for the body: they are collected instead of
+    handled. For a spawn, which a signal must not interrupt between the child's start and the
+    parent's handle on it. As the body ends the handlers are restored and the held signals
+    handled by them: a handler that raises does so at the ``with`` statement, after the body
+    recorded what it spawned; if the body raised (the spawn failed: nothing to stop), that
+    handler's error replaces the body's."""
     held: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield held
+        yield
         return
     old: dict[int, Any] = {}
 
@@ -255,7 +255,7 @@ def _signals_held() -> Iterator[list[int]]:
     try:
         for s in (signal.SIGINT, signal.SIGTERM):  # one at a time: a signal between two is restored
             old[s] = signal.signal(s, lambda signum, frame: held.append(signum))
-        yield held
+        yield
     finally:
         restore()
         for s in held:
