@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -132,7 +133,12 @@ def test_metrics_scraped_during_a_run_parse_and_the_step_counter_increases(
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
     r = run_rrl("status", JOB, "--etcd", platform.data["etcd"], env={"RRL_HOME": str(platform.home)})
-    assert r.returncode == 0 and "goodput: ETTR 0." in r.stdout and "steps replayed" in r.stdout, r.stdout
+    # ETTR = steps x median step / wall, capped at 1: a run whose median step is longer than its
+    # mean (a few fast steps among evaluated ones) reads 1.000 legitimately, so only its bounds are checked
+    m = re.search(r"goodput: ETTR (\d+\.\d{3}) since the first step, (\d+\.\d{3}) over the last hour; "
+                  r"(\d+) steps replayed", r.stdout)  # fmt: skip
+    assert r.returncode == 0 and m, r.stdout
+    assert 0 < float(m[1]) <= 1 and 0 < float(m[2]) <= 1, r.stdout
 
 
 def test_job_page_live_scale_and_kill_a_worker(platform: LivePlatform, running_job: str) -> None:
