@@ -10,7 +10,10 @@ A worker journals each prompt group of its shard as soon as the group is finishe
 scored (``write_group``: first writer wins, so a zombie's late copy, which may differ, is
 refused); a shard generated again after its worker was lost keeps the groups already
 there and generates only the rest. The shard file, written once every group is in,
-holds them all and is what batches point to; its ``parts-`` folder is then removed.
+holds them all and is what batches point to; its ``parts-`` folder is then removed. Once a
+batch is complete, every ``parts-`` folder of its step is removed too, and a group or claim
+written after that (a helper's or a zombie's, late) removes its folder again: no step's
+folder keeps parts once its batch is complete, whoever wrote last.
 
 Every file is written atomically (temp file in the same folder, fsync,
 ``os.replace``, fsync of the folder), so a reader sees either nothing or the
@@ -162,7 +165,7 @@ class Journal:
         a group is there already: first writer wins. True if this call wrote it."""
         payload = json.dumps(body, sort_keys=True)
         data = json.dumps({"sha256": sha256(payload.encode()), "body": payload}).encode()
-        return bool(self._write(atomic_create, self.parts_dir(step, shard) / f"g-{pos:04d}.json", data))
+        return self._write_part(step, shard, f"g-{pos:04d}.json", data)
 
     def groups(self, step: int, shard: int) -> dict[int, dict[str, Any]]:
         """The finished groups of a shard, by position, digests verified. A group file that does
@@ -192,8 +195,21 @@ class Journal:
         """Claim group ``pos`` of a shard for worker ``who`` before generating it (first claim wins), so
         that two workers on one shard (an owner and its helper) do not both generate it. A claim is a
         promise, not data: ``release`` drops a lost worker's, and a journaled group needs none."""
-        data = who.encode()
-        return bool(self._write(atomic_create, self.parts_dir(step, shard) / f"c-{pos:04d}", data))
+        return self._write_part(step, shard, f"c-{pos:04d}", who.encode())
+
+    def _write_part(self, step: int, shard: int, name: str, data: bytes) -> bool:
+        """Create a file in a shard's ``parts-`` folder, first writer wins. The folder may be
+        removed under the write (its shard or batch completed): the write is tried once more.
+        Written after the step's batch was complete (a late helper, a zombie), it is swept
+        at once: the batch is what counts, and it never changes."""
+        path = self.parts_dir(step, shard) / name
+        try:
+            made = bool(self._write(atomic_create, path, data))
+        except FileNotFoundError:  # the folder went between its mkdir and the link
+            made = bool(self._write(atomic_create, path, data))
+        if (self.step_dir(step) / "batch.json").exists():
+            self.sweep_parts(step)
+        return made
 
     def claims(self, step: int, shard: int) -> dict[int, str]:
         """The shard's claims: position -> who."""
@@ -231,6 +247,11 @@ class Journal:
         """Remove a shard's group files once its shard file holds them (idempotent)."""
         shutil.rmtree(self.parts_dir(step, shard), ignore_errors=True)
 
+    def sweep_parts(self, step: int) -> None:
+        """Remove every ``parts-`` folder of a step (its batch is complete; idempotent)."""
+        for d in self.step_dir(step).glob("parts-*"):
+            shutil.rmtree(d, ignore_errors=True)
+
     def _write(self, how: Any, path: Path, data: bytes) -> Any:
         """``how(path, data)``; a full disk is :class:`JournalFull` (the temporary file is gone)."""
         try:
@@ -264,7 +285,9 @@ class Journal:
             raise ValueError(f"batch {step}: shards {[r.shard for r in refs]} are not 0..n-1")
         body = {"step": step, "shards": [r.to_dict() for r in refs], "meta": meta or {}}
         path = self.step_dir(step) / "batch.json"
-        return bool(self._write(atomic_create, path, json.dumps(body).encode()))
+        won = bool(self._write(atomic_create, path, json.dumps(body).encode()))
+        self.sweep_parts(step)  # a late helper's or a lost worker's leftovers: the batch holds what counts
+        return won
 
     def batch(self, step: int) -> list[ShardRef] | None:
         """The shard references of a complete batch, or None if the batch is not complete."""

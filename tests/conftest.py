@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,24 @@ def rrl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RRL_HOME", str(home))
     monkeypatch.delenv("RRL_ETCD", raising=False)
     return home
+
+
+def proc_state(pid: int) -> str:
+    """The process's state letter and its threads' (``T`` is stopped), from /proc."""
+
+    def letter(stat: str) -> str:
+        return open(stat).read().rsplit(")", 1)[1].split()[0]
+
+    threads = {letter(f"/proc/{pid}/task/{t}/stat") for t in os.listdir(f"/proc/{pid}/task")}
+    return f"state {letter(f'/proc/{pid}/stat')}, threads {''.join(sorted(threads))}"
+
+
+def until_stopped(pid: int) -> None:
+    """SIGSTOP is a group stop: wait until every thread of the process has stopped."""
+    deadline = time.monotonic() + 5
+    while proc_state(pid) != "state T, threads T":
+        assert time.monotonic() < deadline, f"pid {pid} did not stop: {proc_state(pid)}"
+        time.sleep(0.01)
 
 
 def run_rrl(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -311,7 +311,8 @@ class FakeRollout:
             with s.lock:
                 s.group_writes.append((step, shard, p, self.serial, self.version))
                 s.group_order.append((step, shard, i, self.serial))
-        return self.journal.groups(step, shard)[p]
+        # the first writer's; our own when the step's batch completed under us (its parts swept)
+        return self.journal.groups(step, shard).get(p, group)
 
     def _claim(self, step: int, shard: int, order: Any, have: dict[int, Any]) -> list[int]:
         """The next pass: unjournaled groups in ``order`` not claimed by another worker, claimed."""

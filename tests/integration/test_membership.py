@@ -8,7 +8,7 @@ import time
 from controller import keys
 from controller.membership import MembershipView, Registration
 from controller.store import Store
-from tests.conftest import EtcdServer
+from tests.conftest import EtcdServer, proc_state, until_stopped
 
 
 def test_join_update_leave(store: Store) -> None:
@@ -65,25 +65,6 @@ def test_worker_reregisters_after_etcd_loses_its_lease(etcd: EtcdServer) -> None
     reg.close()
 
 
-def _state(pid: int) -> str:
-    """The process's state letter and its threads' (``T`` is stopped), from /proc."""
-    import os
-
-    def letter(stat: str) -> str:
-        return open(stat).read().rsplit(")", 1)[1].split()[0]
-
-    threads = {letter(f"/proc/{pid}/task/{t}/stat") for t in os.listdir(f"/proc/{pid}/task")}
-    return f"state {letter(f'/proc/{pid}/stat')}, threads {''.join(sorted(threads))}"
-
-
-def _until_stopped(pid: int) -> None:
-    """SIGSTOP is a group stop: wait until every thread of the process has stopped."""
-    deadline = time.monotonic() + 5
-    while _state(pid) != "state T, threads T":
-        assert time.monotonic() < deadline, f"etcd (pid {pid}) did not stop: {_state(pid)}"
-        time.sleep(0.01)
-
-
 def test_update_never_waits_for_etcd_and_the_newest_value_lands_when_it_is_back(etcd: EtcdServer) -> None:
     """A worker's step calls update(): with etcd frozen (SIGSTOP) it used to block for the store's
     whole retry window (30 s in workers) inside train_step / generate_shard."""
@@ -95,12 +76,12 @@ def test_update_never_waits_for_etcd_and_the_newest_value_lands_when_it_is_back(
     assert etcd.proc is not None
     os.kill(etcd.proc.pid, signal.SIGSTOP)
     try:
-        _until_stopped(etcd.proc.pid)
+        until_stopped(etcd.proc.pid)
         t0 = time.monotonic()
         for step in range(1, 51):
             reg.update(status="busy", step=step)
         took = time.monotonic() - t0
-        frozen = _state(etcd.proc.pid)
+        frozen = proc_state(etcd.proc.pid)
         assert not reg.flush(timeout=0.5), f"written while etcd was stopped ({frozen})"
     finally:
         os.kill(etcd.proc.pid, signal.SIGCONT)

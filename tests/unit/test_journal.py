@@ -60,3 +60,22 @@ def test_a_prompt_group_is_journaled_once_first_writer_wins_and_a_corrupt_one_is
     j.drop_groups(4, 1)
     assert j.groups(4, 1) == {} and not j.parts_dir(4, 1).exists()
     j.drop_groups(4, 1)  # idempotent
+
+
+def test_a_complete_batch_sweeps_its_steps_parts_and_a_late_group_or_claim_leaves_none(tmp_path: Path) -> None:
+    """A helper's claim or group that lands after the owner dropped its parts (a race seen under
+    load) re-made the ``parts-`` folder; once the batch is complete, nothing keeps it."""
+    j = Journal(tmp_path)
+    g = {"worker": 0, "version": 0, "key": [0, 0, 1], "samples": [{"reward": 1.0}]}
+    assert j.write_group(2, 0, 0, g) and j.claim(2, 1, 3, "1")  # shard 0's group, shard 1's claim
+    j.write_group(3, 0, 0, g)  # another step's, not swept by step 2's batch
+    ref = j.write_shard(2, 0, g["samples"], {})
+    assert j.commit_batch(2, [ref]) is True
+    assert not j.parts_dir(2, 0).exists() and not j.parts_dir(2, 1).exists() and j.parts_dir(3, 0).exists()
+    # late: a helper's group and claim after the batch; written (first writer), then swept at once
+    assert j.write_group(2, 0, 1, g) is True and j.claim(2, 0, 2, "1") is True
+    assert not any(p.name.startswith("parts-") for p in j.step_dir(2).iterdir())
+    assert j.batch(2) == [ref]  # the batch is untouched
+    # a batch committed a second time (a late leader) is refused and sweeps again
+    j.write_group(2, 1, 0, g)
+    assert j.commit_batch(2, [ref]) is False and not j.parts_dir(2, 1).exists()
