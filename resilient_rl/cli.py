@@ -10,6 +10,7 @@ Exit codes: 0 ok, 1 runtime error (etcd unreachable, job failed), 2 bad input
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -945,6 +946,21 @@ def verify(
 from .chaos.cli import app as chaos_app  # noqa: E402  (light: its commands import the rest lazily)
 
 app.add_typer(chaos_app, name="chaos")  # rrl chaos run | soak | report
+
+
+def _one_line_short_helps(t: typer.Typer) -> None:
+    """Each command's line in a command list: its docstring's first paragraph, as one line. Typer
+    kept the docstring's line breaks there, which cut `rrl --help`'s list mid-sentence."""
+    for c in t.registered_commands:
+        doc = inspect.getdoc(c.callback) if c.callback is not None else None
+        if c.short_help is None and doc:
+            c.short_help = " ".join(doc.split("\n\n", 1)[0].split())
+    for g in t.registered_groups:
+        if g.typer_instance is not None:
+            _one_line_short_helps(g.typer_instance)
+
+
+_one_line_short_helps(app)
 
 
 def main() -> None:
