@@ -10,6 +10,7 @@ Exit codes: 0 ok, 1 runtime error (etcd unreachable, job failed), 2 bad input
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import logging
@@ -314,12 +315,20 @@ def init_model(
         init = TinyModelInit(
             hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, seed=seed
         )
-    except ValidationError as e:
-        fail("; ".join(err["msg"] for err in e.errors()), 2)
+    except ValidationError as e:  # each error named by its option (a check across options has none)
+        fail("; ".join(("--" + str(err["loc"][0]).replace("_", "-") + ": " if err["loc"] else "") + err["msg"]
+                       for err in e.errors()), 2)  # fmt: skip
     from .algo.tasks import VOCAB_CHARS
     from .workers.model_init import make_tiny_model
 
-    path = make_tiny_model(out_dir, init, VOCAB_CHARS)
+    try:
+        path = make_tiny_model(out_dir, init, VOCAB_CHARS)
+    except OSError as e:  # the folder given cannot take it (exit 2), or the disk failed (exit 1)
+        if e.strerror is None:  # make_tiny_model's own refusal names the folder
+            fail(str(e), 2)
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(out_dir) else ""
+        code = 1 if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO) else 2
+        fail(f"{out_dir}: cannot write the model: {e.strerror}{where}", code)
     out.print(f"wrote tiny model to {path}")
 
 
