@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
+
 _COLORS = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#1f77b4", "#2ca02c"]
 
 
@@ -24,11 +26,85 @@ def write(rep: dict[str, Any], run_dir: Path) -> dict[str, Path]:
 
 
 def load(run: str | Path) -> dict[str, Any]:
-    """A run's report from its folder or its report.json."""
+    """A run's report from its folder or its report.json. Raises ValueError naming the first
+    field whose shape the report's renderers cannot take (a file edited by hand, another file)."""
     p = Path(run)
     if p.is_dir():
         p = p / "report.json"
-    return dict(json.loads(p.read_text()))
+    rep = json.loads(p.read_text())
+    try:  # its defaults filled in, every field kept
+        return _Report.model_validate(rep).model_dump()
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "the file"
+        raise ValueError(f"{p} is not a chaos report: {where}: {first['msg']}") from None
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Job(_Open):
+    steps: int | None = None
+    started_at: float | None = None
+
+
+class _Figures(_Open):
+    detection_s: float | None = None
+    next_commit_s: float | None = None
+    recovered_s: float | None = None
+    group_restored_s: float | None = None
+
+
+class _Fault(_Open):
+    id: int | str
+    kind: str
+    status: str = "?"
+    injected_at: float | None = None
+    ended_at: float | None = None
+    figures: _Figures = _Figures()
+
+
+class _Invariant(_Open):
+    number: int
+    name: str
+    ok: StrictBool
+    details: list[str] = []
+
+
+class _Step(_Open):
+    step: int
+    time: float
+
+
+class _Point(_Open):
+    t: float
+    step: int
+
+
+class _Mttr(_Open):
+    count: int
+    mean_detection_s: float | None = None
+    mean_next_commit_s: float | None = None
+    mean_recovered_s: float | None = None
+    mean_group_restored_s: float | None = None
+
+
+class _Report(_Open):
+    """A report's shape as far as :func:`markdown`, :func:`svg` and the CLI's summary read it;
+    fields beyond it are kept."""
+
+    scenario: str
+    ok: StrictBool
+    job: _Job
+    faults: list[_Fault] = []
+    invariants: list[_Invariant] = []
+    mttr: dict[str, _Mttr] = {}
+    goodput: dict[str, Any] = {}
+    lost_work: dict[str, Any] = {}
+    events: list[dict[str, Any]] = []
+    timeline: list[_Point] = []
+    steps: list[_Step] = []
 
 
 def _t0(rep: dict[str, Any]) -> float:
@@ -128,7 +204,7 @@ def svg(rep: dict[str, Any], width: int = 900, height: int = 360) -> str:
     if not pts:
         pts = [(float(s["t"]) - t0, int(s["step"])) for s in rep.get("timeline", [])]
     faults = [f for f in rep.get("faults", []) if f.get("injected_at")]
-    tmax = max([p[0] for p in pts] + [f.get("ended_at", f["injected_at"]) - t0 for f in faults] + [1.0])
+    tmax = max([p[0] for p in pts] + [(f.get("ended_at") or f["injected_at"]) - t0 for f in faults] + [1.0])
     smax = max([p[1] for p in pts] + [int(rep.get("job", {}).get("steps") or 1)])
     ml, mr, mt, mb = 55, 20, 20, 45
     w, h = width - ml - mr, height - mt - mb
@@ -146,7 +222,7 @@ def svg(rep: dict[str, Any], width: int = 900, height: int = 360) -> str:
     ]
     for i, f in enumerate(faults):
         c = _COLORS[i % len(_COLORS)]
-        a, b = x(f["injected_at"] - t0), x(f.get("ended_at", f["injected_at"]) - t0)
+        a, b = x(f["injected_at"] - t0), x((f.get("ended_at") or f["injected_at"]) - t0)
         out.append(f'<rect x="{a:.1f}" y="{mt}" width="{max(b - a, 1.5):.1f}" height="{h}" fill="{c}" '
                    f'fill-opacity="0.25"><title>{html.escape(f["kind"])}</title></rect>')  # fmt: skip
         out.append(f'<line x1="{a:.1f}" y1="{mt}" x2="{a:.1f}" y2="{mt + h}" stroke="{c}" stroke-width="1.5"/>')

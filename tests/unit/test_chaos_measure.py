@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from resilient_rl.chaos import measure, report
 
@@ -132,3 +133,80 @@ def test_report_files(tmp_path: Path) -> None:
     assert svg.startswith("<svg") and "<polyline" in svg and ">trainer_kill</text>" in svg
     assert json.loads(paths["json"].read_text())["scenario"] == "t"
     assert report.load(tmp_path)["job"]["id"] == "j"
+
+
+def _sample_report() -> dict[str, Any]:
+    return {
+        "scenario": "t", "ok": True, "run_dir": "/nowhere",
+        "job": {"id": "j", "phase": "SUCCEEDED", "step": 10, "steps": 10, "started_at": T0},
+        "faults": [{"id": 0, "kind": "trainer_kill", "at": {"step": 3}, "status": "injected", "injected_at": T0 + 5,
+                    "ended_at": T0 + 5, "target": {"pid": 1}, "note": "n",
+                    "figures": {"detection_s": 0.5, "detected_by": "trainer_restart"}}],
+        "mttr": measure.summarize([{"kind": "trainer_kill", "figures": {"detection_s": 0.5}}]),
+        "goodput": {"ettr": 0.8, "ettr_window": 0.5}, "lost_work": {"steps_replayed": 2},
+        "invariants": [{"number": 3, "name": "replay", "ok": True, "details": ["match"]}],
+        "events": [{"kind": "trainer_restart", "time": T0 + 5.5, "message": "rank lost"}],
+        "timeline": [{"t": T0, "step": 0}], "steps": [{"step": k, "time": T0 + k} for k in range(10)],
+    }  # fmt: skip
+
+
+def test_rrl_chaos_report_on_a_file_that_is_not_a_report_exits_2_naming_the_field(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from resilient_rl.cli import app
+
+    def run(body: Any) -> tuple[int, str]:
+        (tmp_path / "report.json").write_text(json.dumps(body))
+        r = CliRunner().invoke(app, ["chaos", "report", str(tmp_path)], terminal_width=400)
+        assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+        return r.exit_code, r.output
+
+    assert run([]) == (2, f"error: cannot read a report from {tmp_path}: {tmp_path / 'report.json'} is not a chaos "
+                          "report: the file: Input should be a valid dictionary or instance of _Report\n")  # fmt: skip
+    code, text = run({})
+    assert code == 2 and "is not a chaos report: scenario: Field required" in text, text
+    bad = _sample_report()
+    bad["faults"][0]["injected_at"] = "soon"
+    code, text = run(bad)
+    assert code == 2 and "faults.0.injected_at: Input should be a valid number" in text, text
+    code, text = run(_sample_report())
+    assert code == 0 and "PASS" in text and (tmp_path / "report.md").is_file(), text
+
+
+def test_a_report_with_any_one_field_changed_or_removed_is_refused_or_rendered_never_a_crash(tmp_path: Path) -> None:
+    """Every field of a report, in turn, set to values of other types or removed: ``load`` refuses
+    it (ValueError naming the field) or the report renders (markdown, plot, the CLI's summary)."""
+    import contextlib
+    import copy
+    import io
+
+    from resilient_rl.chaos.cli import _summary
+
+    def paths(o: Any, pre: tuple[Any, ...] = ()) -> Any:
+        yield pre
+        for k, v in o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else ():
+            yield from paths(v, (*pre, k))
+
+    base, rendered, refused = _sample_report(), 0, 0
+    for p in [p for p in paths(base) if p]:
+        for v in (None, "x", -1, [], {}, True, 1e308, "DEL"):
+            rep = copy.deepcopy(base)
+            parent = rep
+            for k in p[:-1]:
+                parent = parent[k]
+            if v == "DEL":
+                del parent[p[-1]]
+            else:
+                parent[p[-1]] = v
+            (tmp_path / "report.json").write_text(json.dumps(rep))
+            try:
+                loaded = report.load(tmp_path)
+            except ValueError as e:
+                assert "is not a chaos report: " in str(e), e
+                refused += 1
+                continue
+            report.write(loaded, tmp_path)
+            with contextlib.redirect_stdout(io.StringIO()):
+                _summary(loaded)
+            rendered += 1
+    assert refused > 50 and rendered > 200, (refused, rendered)  # both sides exercised
