@@ -43,6 +43,30 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
 
 
+def _positive(option: str, text: str) -> float:
+    """A duration option, more than 0 seconds. Raises ValueError naming the option."""
+    try:
+        s = parse_duration(text)
+    except ValueError as e:
+        raise ValueError(f"{option}: {e}") from None
+    if s <= 0:
+        raise ValueError(f"{option}: {text!r} must be more than 0 seconds")
+    return s
+
+
+def _check_job(sc: Any, path: Any, label: str) -> None:
+    """The scenario's job checked before any platform starts (the run checks it again, with its
+    folder): a bad job exits 2 naming its field."""
+    from ..spec import SpecError, parse_spec
+    from .scenario import ScenarioError, job_spec_dict
+
+    try:
+        parse_spec(job_spec_dict(sc, path), label)
+    except (SpecError, ScenarioError) as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2) from None
+
+
 def _summary(rep: dict[str, Any]) -> int:
     from rich.table import Table
 
@@ -96,6 +120,7 @@ def run(
     except ScenarioError as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2) from None
+    _check_job(sc, scenario, f"{scenario}: job")
     _run(sc, scenario, out_dir, keep)
 
 
@@ -112,28 +137,27 @@ def soak(
     keep: KeepOpt = False,
 ) -> None:
     """Random faults (exponential gaps, mixed kinds, fixed seed) for a duration, then the job must finish."""
-    from .scenario import RandomFaults, ScenarioError, job_spec_dict, load_scenario
+    from .scenario import ScenarioError, job_spec_dict, load_scenario, parse_scenario
 
     try:
-        dur, gap = parse_duration(duration), parse_duration(mtbf)
+        dur, gap = _positive("--duration", duration), _positive("--mtbf", mtbf)
         base = load_scenario(scenario)
+        r = base.random.model_dump() if base.random is not None else {}
+        start = r.get("start_s", 20.0)
+        job = job_spec_dict(base, scenario)
+        if steps is not None:
+            job = {**job, "steps": steps}
+        # validated again as a whole: the options are bounded as the file's fields are
+        sc = parse_scenario(
+            {**base.model_dump(), "random": {**r, "mtbf_s": gap, "seed": seed, "start_s": start, "stop_s": start + dur},
+             "job": job, "job_file": None, "name": f"{base.name}-s{seed}",
+             "timeout_s": max(base.timeout_s, dur + base.settle_timeout_s + 600)},
+            f"{scenario} with --duration {duration} --mtbf {mtbf}" + (f" --steps {steps}" if steps is not None else ""),
+        )  # fmt: skip
     except (ValueError, ScenarioError) as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2) from None
-    r = base.random or RandomFaults(mtbf_s=gap)
-    rnd = r.model_copy(update={"mtbf_s": gap, "seed": seed, "stop_s": r.start_s + dur})
-    job = job_spec_dict(base, scenario)
-    if steps is not None:
-        job = {**job, "steps": steps}
-    sc = base.model_copy(
-        update={
-            "random": rnd,
-            "job": job,
-            "job_file": None,
-            "name": f"{base.name}-s{seed}",
-            "timeout_s": max(base.timeout_s, dur + base.settle_timeout_s + 600),
-        }  # fmt: skip
-    )
+    _check_job(sc, scenario, f"{scenario}: job" + (f" (steps from --steps {steps})" if steps is not None else ""))
     out.print(f"soak: {len(sc.schedule())} faults over {dur:g}s (mtbf {gap:g}s, seed {seed})")
     _run(sc, scenario, out_dir, keep)
 

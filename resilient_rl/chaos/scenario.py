@@ -118,6 +118,9 @@ class Fault(_Section):
         return self
 
 
+MAX_RANDOM_FAULTS = 10_000
+
+
 class RandomFaults(_Section):
     """Faults at random times: exponential gaps of mean ``mtbf_s``, kinds drawn uniformly."""
 
@@ -136,6 +139,10 @@ class RandomFaults(_Section):
     def _window(self) -> RandomFaults:
         if self.stop_s <= self.start_s:
             raise ValueError("stop_s must be after start_s")
+        expected = (self.stop_s - self.start_s) / self.mtbf_s
+        if expected > MAX_RANDOM_FAULTS:
+            raise ValueError(f"(stop_s - start_s) / mtbf_s: {expected:.3g} faults expected, at most "
+                             f"{MAX_RANDOM_FAULTS:,} (the schedule is drawn in full before the run)")  # fmt: skip
         return self
 
 

@@ -104,3 +104,45 @@ def test_every_fault_kind_has_an_injector_and_its_detection_and_recovery_events(
 
     assert set(INJECTORS) == set(FAULT_KINDS) == set(DETECT) == set(RECOVER)
     assert DETECT["rollout_preempt"] == DETECT["trainer_preempt"] == ("preempted",)  # a drain, not a fault
+
+
+def test_a_random_schedule_too_long_to_draw_is_refused_naming_its_fields() -> None:
+    with pytest.raises(ScenarioError, match=r"\(stop_s - start_s\) / mtbf_s: 1e\+06 faults expected, at most 10,000"):
+        parse_scenario({"name": "x", "job": {"name": "j"}, "random": {"mtbf_s": 0.001, "stop_s": 1020}})
+    parse_scenario({"name": "x", "job": {"name": "j"}, "random": {"mtbf_s": 1, "stop_s": 10_020}})  # 10,000: taken
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--duration", "0"], "--duration: '0' must be more than 0 seconds"),
+        (["--mtbf", "0"], "--mtbf: '0' must be more than 0 seconds"),  # was a ZeroDivisionError traceback
+        (["--mtbf", "1ms"], "--mtbf: '1ms' is not a duration"),
+        (["--duration", "99999h"], "1.2e+07 faults expected, at most 10,000"),  # was drawn for minutes, unbounded
+        (["--steps", "0"], "job (steps from --steps 0): invalid job spec\n  steps: Input should be greater than"),
+    ],
+)
+def test_rrl_chaos_soak_refuses_bad_options_with_exit_2_before_any_platform_starts(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from resilient_rl.cli import app
+
+    out = tmp_path / "runs"
+    r = CliRunner().invoke(app, ["chaos", "soak", *args, "--scenario", str(REPO / "scenarios" / "soak.yaml"),
+                                 "--out", str(out)], terminal_width=400)  # fmt: skip
+    assert r.exit_code == 2 and says in r.output, (r.exit_code, r.output, r.exception)
+    assert not out.exists()  # nothing started, no run folder
+
+
+def test_rrl_chaos_run_refuses_a_scenario_whose_job_is_bad_with_exit_2(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from resilient_rl.cli import app
+
+    sc = tmp_path / "s.yaml"
+    sc.write_text("name: s\njob: {name: x, model: {init: {}}, steps: 0}\n")
+    r = CliRunner().invoke(app, ["chaos", "run", str(sc), "--out", str(tmp_path / "runs")], terminal_width=400)
+    assert r.exit_code == 2 and f"{sc}: job: invalid job spec\n  steps: Input should be greater" in r.output, r.output
+    assert not (tmp_path / "runs").exists()
