@@ -261,8 +261,11 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
                 e = e[len(scheme) :]
         if not e:
             continue
-        if ":" not in e:
+        host, sep, port = e.rpartition(":")
+        if not sep or not host:
             raise ValueError(f"etcd endpoint {e!r} must be host:port")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"etcd endpoint {e!r}: the port must be a number from 1 to 65535")
         out.append(e)
     if not out:
         raise ValueError("no etcd endpoint given")
