@@ -118,9 +118,25 @@ def _api(etcd: str | None, api: str | None = None) -> Any:
     from .local import read_token
 
     if api:
-        return ApiClient([api.rstrip("/")], read_token())
+        return ApiClient([_api_url(api)], read_token())
     store = _store(etcd)
     return _guard(ApiClient.discover, store, read_token(), lambda: _local_app(store))
+
+
+def _api_url(api: str) -> str:
+    """``--api`` checked: an http(s) URL with a host and a port in range (exit 2 otherwise)."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(api.strip())
+        port = u.port  # raises ValueError when out of range or not a number
+    except ValueError as e:
+        fail(f"--api: {api!r} is not a URL ({e})", 2)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        fail(f"--api: {api!r} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8470", 2)
+    if port == 0:
+        fail(f"--api: {api!r}: the port must be from 1 to 65535", 2)
+    return api.strip().rstrip("/")
 
 
 def _local_app(store: Any, served_by: str = "rrl (in-process)") -> Any:

@@ -32,3 +32,18 @@ def test_a_bad_endpoint_is_refused_naming_it(given: str, says: str) -> None:
 def test_the_cli_exits_2_on_a_port_out_of_range() -> None:
     r = run_rrl("status", "--etcd", "127.0.0.1:99999")
     assert r.returncode == 2 and "--etcd: etcd endpoint '127.0.0.1:99999': the port must be" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ("notaurl", "must be an http:// or https:// URL with a host"),  # was an httpx traceback
+        ("ftp://x", "must be an http:// or https:// URL with a host"),
+        ("http://127.0.0.1:99999", "is not a URL (Port out of range"),
+        ("http://h:0", "the port must be from 1 to 65535"),
+    ],
+)
+def test_a_bad_api_url_exits_2_naming_it(given: str, says: str) -> None:
+    r = run_rrl("cancel", "some-job", "--api", given)
+    assert r.returncode == 2 and f"--api: {given!r}" in r.stderr and says in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
