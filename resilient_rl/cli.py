@@ -351,9 +351,12 @@ def init_model(
 @app.command()
 def down() -> None:
     """Stop exactly the processes `rrl up` started (by PID). Data under $RRL_HOME is kept."""
-    from .local import Platform
+    from .local import Platform, PlatformInputError
 
-    stopped = Platform().down(progress=out.print)
+    try:
+        stopped = Platform().down(progress=out.print)
+    except PlatformInputError as e:
+        fail(str(e), 2)
     out.print("[green]platform down[/]" if stopped else "nothing was running")
 
 

@@ -351,6 +351,15 @@ class Platform:
         self.home = home or rrl_home()
         self.file = self.home / "platform.json"
 
+    def check_home(self) -> None:
+        """PlatformInputError when ``$RRL_HOME`` cannot be the platform's folder (it, or a folder
+        above it, is a file); raised before anything is started or stopped."""
+        for p in (self.home, *self.home.parents):
+            if p.exists():
+                if not p.is_dir():
+                    raise PlatformInputError(f"RRL_HOME {self.home}: {p} is not a folder")
+                return
+
     def load(self) -> dict[str, Any]:
         try:
             return dict(json.loads(self.file.read_text()))
@@ -386,6 +395,7 @@ class Platform:
         what the platform was brought up with (a controller restarted later keeps its flags).
         ``object_store_gib``: the Ray head's object store, that size and preallocated (see
         :meth:`_start_ray`); None keeps what the platform was brought up with (0: Ray's own)."""
+        self.check_home()
         data = self.load()
         if allow_kill is not None:
             data["allow_kill"] = allow_kill
@@ -506,6 +516,7 @@ class Platform:
 
     def down(self, progress: Any = print) -> list[str]:
         """Stop every process ``up`` started (controllers first, etcd last). Returns their names."""
+        self.check_home()
         data = self.load()
         procs = data.get("processes", {})
         order = sorted(procs, key=lambda n: (n == "etcd", n == "ray", n))
